@@ -1,0 +1,92 @@
+"""The local console front end: ``#name text`` speaks in channel ``name``.
+
+It reads lines from standard input (a terminal or a pipe), so
+``printf '#general hello\n' | make run`` prints the reply and exits at EOF.
+A line without ``#name`` goes to the channel used last (``general`` at first).
+Everything the user sees goes through ``ConsoleRenderer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from dataclasses import dataclass
+from typing import Awaitable, Callable, TextIO
+
+_LINE = re.compile(r"^#([A-Za-z0-9_-]{1,64})\s+(.*)$", re.DOTALL)
+HELP = (
+    "#channel text   speak in a channel (the channel is created on first use)\n"
+    "text            speak in the channel used last\n"
+    "/status         model server and store state\n"
+    "/help           this help\n"
+    "/quit           stop (EOF, Ctrl-D, does the same)"
+)
+
+
+@dataclass
+class ConsoleLine:
+    channel: str
+    text: str
+
+
+def parse_line(line: str, default_channel: str) -> ConsoleLine | None:
+    """A console line as (channel, text); None for a blank line."""
+    line = line.strip()
+    if not line:
+        return None
+    match = _LINE.match(line)
+    if match:
+        return ConsoleLine(match.group(1), match.group(2).strip())
+    if line.startswith("#"):
+        return ConsoleLine(line[1:].split()[0][:64] if line[1:].split() else default_channel, "")
+    return ConsoleLine(default_channel, line)
+
+
+class ConsoleRenderer:
+    """The one seam for console output."""
+
+    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+        self.out, self.err = out, err
+
+    def reply(self, channel: str, text: str) -> None:
+        print(f"[#{channel}] {text}", file=self.out, flush=True)
+
+    def info(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+
+Turn = Callable[[str, str], Awaitable[str]]
+Command = Callable[[str], Awaitable[str]]
+
+
+async def run_console(turn: Turn, command: Command, renderer: ConsoleRenderer,
+                      stdin: TextIO = sys.stdin) -> None:
+    """Read lines until EOF or /quit; each line is answered before the next is read."""
+    interactive = stdin.isatty()
+    channel = "general"
+    if interactive:
+        renderer.info("Nightshift console. /help for help.")
+    while True:
+        if interactive:
+            print(f"#{channel}> ", end="", file=renderer.err, flush=True)
+        line = await asyncio.to_thread(stdin.readline)
+        if not line:
+            return
+        stripped = line.strip()
+        if stripped in ("/quit", "/exit"):
+            return
+        if stripped == "/help":
+            renderer.info(HELP)
+            continue
+        if stripped.startswith("/"):
+            renderer.info(await command(stripped))
+            continue
+        parsed = parse_line(line, channel)
+        if parsed is None:
+            continue
+        channel = parsed.channel
+        if not parsed.text:
+            renderer.info(f"(now in #{channel})")
+            continue
+        renderer.reply(channel, await turn(channel, parsed.text))

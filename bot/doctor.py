@@ -1,0 +1,118 @@
+"""``python -m bot doctor``: the resolved config, then one pass/fail line per part.
+
+Each check is a small function returning (ok, detail); a check that raises is
+a failure whose detail is the exception, so one broken part never hides the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from bot.config import Config, masked_dump
+
+MIN_FREE_GB = 5.0
+Check = Callable[[Config], Awaitable[tuple[bool, str]]]
+
+
+async def check_model_files(config: Config) -> tuple[bool, str]:
+    gguf, hf = config.served_gguf, config.base_hf_dir
+    problems = []
+    if not gguf.is_file():
+        problems.append(f"{gguf} missing (run `make model` or `python -m trainer setup`)")
+    elif gguf.open("rb").read(4) != b"GGUF":
+        problems.append(f"{gguf} is not a GGUF file")
+    if not (hf / "config.json").is_file() or not list(hf.glob("*.safetensors")):
+        problems.append(f"{hf} has no HF checkpoint (run `python -m trainer setup`)")
+    if problems:
+        return False, "; ".join(problems)
+    size = gguf.stat().st_size / 2**20
+    return True, f"{gguf.name} ({size:.0f} MiB), HF checkpoint {hf.name}"
+
+
+async def check_server(config: Config) -> tuple[bool, str]:
+    from bot.llm import LLM
+    from bot.server import ServerSupervisor
+
+    # A free port, so the check never collides with a bot that is already running.
+    port = None if config.server.kind == "external" else _free_port(config.server.host)
+    supervisor = ServerSupervisor(config, port=port)
+    started = time.monotonic()
+    try:
+        await supervisor.start(watchdog=False)
+        ready_s = time.monotonic() - started
+        async with LLM(config, supervisor) as llm:
+            reply = await llm.chat([{"role": "user", "content": "Say OK."}], max_tokens=4)
+        return True, f"ready in {ready_s:.1f} s, canary answered {reply.content.strip()!r}"
+    finally:
+        await supervisor.stop()
+
+
+async def check_bubblewrap(config: Config) -> tuple[bool, str]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        if config.sandbox.allow_unsandboxed:
+            return True, "bwrap missing; sandbox.allow_unsandboxed = true (UNSAFE)"
+        return False, "bwrap missing: apt-get install bubblewrap (Python and git tools refuse)"
+    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
+           "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+           "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"]
+    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return False, f"{bwrap} cannot create a sandbox: {done.stderr.strip()[:300]}"
+    return True, f"{bwrap} creates namespaces"
+
+
+async def check_embedder(config: Config) -> tuple[bool, str]:
+    def run() -> tuple[bool, str]:
+        import chromadb
+
+        from bot.embedder import MiniLMEmbedder
+
+        client = chromadb.EphemeralClient()
+        notes = client.get_or_create_collection("doctor-check", embedding_function=MiniLMEmbedder())
+        notes.add(ids=["a", "b"], documents=["cats are small pets", "the stock market fell"])
+        hit = notes.query(query_texts=["a kitten"], n_results=1)["ids"][0][0]
+        return hit == "a", f"chromadb {chromadb.__version__}, all-MiniLM-L6-v2 offline (nearest ok: {hit == 'a'})"
+
+    return await asyncio.to_thread(run)
+
+
+async def check_disk(config: Config) -> tuple[bool, str]:
+    where = config.data_dir if config.data_dir.exists() else Path(config.data_dir.anchor)
+    free = shutil.disk_usage(where).free / 2**30
+    return free >= MIN_FREE_GB, f"{free:.1f} GiB free at {where} (need {MIN_FREE_GB:.0f})"
+
+
+CHECKS: list[tuple[str, Check]] = [
+    ("model files", check_model_files),
+    ("server start and canary", check_server),
+    ("bubblewrap", check_bubblewrap),
+    ("chromadb and embedder", check_embedder),
+    ("disk space", check_disk),
+]
+
+
+async def run_doctor(config: Config) -> int:
+    print(masked_dump(config))
+    failures = 0
+    for name, check in CHECKS:
+        try:
+            ok, detail = await check(config)
+        except Exception as exc:  # a broken part is reported, never hides the others
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        failures += not ok
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}", flush=True)
+    print(f"{len(CHECKS) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,209 @@
+"""AsyncOpenAI client for the local model server.
+
+One ``LLM.chat`` call returns a ``Reply`` with the text, the tool calls in
+OpenAI's format (arguments left as the raw string the model wrote: parsing
+them is the agent's job, and a malformed string is the model's error to see),
+the usage and the duration.
+
+The openai client's own retries are off: they would hammer a server that is
+restarting. Instead a request that fails because the server is unreachable,
+timed out or answered 5xx waits for the supervisor's ready event and is sent
+again, a bounded number of times. The client follows ``supervisor.base_url``,
+so a blue/green swap to another port needs no new LLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import openai
+
+from bot.config import Config
+
+logger = logging.getLogger("nightshift.llm")
+
+# What a restarting server produces; APITimeoutError is a subclass of APIConnectionError.
+_RETRYABLE = (openai.APIConnectionError, openai.InternalServerError)
+
+
+class LLMError(RuntimeError):
+    """A chat request failed for good; ``attempts`` says how often it was tried."""
+
+    def __init__(self, message: str, *, attempts: int, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+        self.status_code = status_code
+
+
+class Supervised(Protocol):
+    """What the LLM needs from a server supervisor."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def wait_ready(self, timeout: float | None = None) -> None: ...
+
+
+@dataclass
+class Reply:
+    content: str
+    tool_calls: list[dict] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    duration_ms: float = 0.0
+    model: str = ""
+
+
+class LLM:
+    """Chat with the served model, riding out server restarts."""
+
+    def __init__(
+        self,
+        config: Config,
+        supervisor: Supervised | None = None,
+        *,
+        base_url: str | None = None,
+        attempts: int = 3,
+        backoff_s: float = 0.5,
+    ) -> None:
+        self.config = config
+        self.supervisor = supervisor
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self._fixed_url = base_url
+        self._client: openai.AsyncOpenAI | None = None
+        self._retired: list[openai.AsyncOpenAI] = []
+
+    @property
+    def base_url(self) -> str:
+        if self.supervisor is not None:
+            return self.supervisor.base_url
+        return self._fixed_url or self.config.base_url
+
+    def _current_client(self) -> openai.AsyncOpenAI:
+        url = self.base_url
+        if self._client is None or str(self._client.base_url).rstrip("/") != url.rstrip("/"):
+            if self._client is not None:
+                # Requests may still be draining on the old server; close it only in close().
+                self._retired.append(self._client)
+                logger.info("model server moved to %s", url)
+            self._client = openai.AsyncOpenAI(
+                base_url=url,
+                api_key="local",  # the local server ignores it, but the client requires one
+                max_retries=0,
+                timeout=self.config.server.request_timeout_s,
+                # Local traffic must not go through a proxy from the environment.
+                http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+            )
+        return self._client
+
+    async def close(self) -> None:
+        clients = [*self._retired, *([self._client] if self._client else [])]
+        self._client, self._retired = None, []
+        for client in clients:
+            await client.close()
+
+    async def __aenter__(self) -> LLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        response_format: dict | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        **kw: Any,
+    ) -> Reply:
+        """One chat completion; extra keywords go to the server unchanged."""
+        params: dict[str, Any] = {"model": self.config.model.alias, "messages": messages, **kw}
+        optional = {
+            "tools": tools,
+            "response_format": response_format,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+        }
+        params.update({k: v for k, v in optional.items() if v is not None})
+        for attempt in range(1, self.attempts + 1):
+            client = self._current_client()
+            started = time.monotonic()
+            try:
+                completion = await client.chat.completions.create(**params)
+            except _RETRYABLE as exc:
+                if attempt == self.attempts:
+                    raise LLMError(
+                        f"the model server at {client.base_url} failed {attempt} times; "
+                        f"last error: {_describe(exc)}",
+                        attempts=attempt,
+                        status_code=getattr(exc, "status_code", None),
+                    ) from exc
+                logger.warning(
+                    "chat attempt %d/%d failed (%s); waiting for the server",
+                    attempt, self.attempts, _describe(exc),
+                )  # fmt: skip
+                await self._wait_for_server(attempt)
+            except openai.APIStatusError as exc:
+                # 4xx: the request itself is wrong (e.g. too long); sending it again cannot help.
+                raise LLMError(
+                    f"the model server refused the request: {_describe(exc)}",
+                    attempts=attempt,
+                    status_code=exc.status_code,
+                ) from exc
+            else:
+                return _reply(completion, (time.monotonic() - started) * 1000, attempt)
+        raise AssertionError("unreachable")
+
+    async def _wait_for_server(self, attempt: int) -> None:
+        # Back off first: a failure can reach us before the watchdog has noticed and cleared
+        # the ready event, and wait_ready would then return at once.
+        await asyncio.sleep(self.backoff_s * attempt)
+        if self.supervisor is None:
+            return
+        server = self.config.server
+        timeout = server.start_timeout_s + self.config.watchdog.restart_cooldown_s
+        try:
+            await self.supervisor.wait_ready(timeout)
+        except TimeoutError as exc:
+            raise LLMError(
+                f"the model server at {self.base_url} did not become ready again: {exc}",
+                attempts=attempt,
+            ) from exc
+
+
+def _reply(completion: Any, duration_ms: float, attempt: int) -> Reply:
+    if not completion.choices:
+        raise LLMError("the model server answered with no choices", attempts=attempt)
+    choice = completion.choices[0]
+    message = choice.message
+    tool_calls = [
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.function.name, "arguments": call.function.arguments},
+        }
+        for call in message.tool_calls or []
+    ]
+    usage = completion.usage
+    return Reply(
+        content=message.content or "",
+        tool_calls=tool_calls,
+        finish_reason=choice.finish_reason,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        duration_ms=duration_ms,
+        model=completion.model or "",
+    )
+
+
+def _describe(exc: Exception) -> str:
+    status = getattr(exc, "status_code", None)
+    detail = f"{status} " if status else ""
+    return f"{type(exc).__name__}: {detail}{exc}"

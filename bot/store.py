@@ -1,0 +1,430 @@
+"""The trajectory store: one SQLite file holding what the agent saw and did.
+
+The bot writes every step here before it moves on, and the trainer (another
+process) reads the day back at night, so the file is the only contract
+between them. Both import this module; it stays free of discord and torch.
+
+Durability goal: a step acknowledged to the caller survives a SIGKILL of the
+process. Power-loss durability is not a goal (see ``_open_pragmas``).
+
+One ``Store`` owns one aiosqlite connection, i.e. one background thread that
+runs statements in order, so the event loop never blocks on disk. Statements
+from concurrent tasks would interleave on that connection, and a statement
+run between another task's BEGIN and COMMIT would silently join (and maybe
+roll back with) that transaction; every access therefore holds the Store's
+own lock. SQLite admits one writer at a time anyway, so the lock costs no
+parallelism. Other processes (the trainer) are kept apart by SQLite's file
+locks and ``busy_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from bot.schema import (
+    EPISODE_STATUSES,
+    JOB_STATES,
+    LABELS,
+    RELEASE_STATES,
+    ROLES,
+    STEP_COLUMNS,
+    Episode,
+    SchemaTooNewError,
+    Step,
+    StoredStep,
+    check,
+    dumps,
+    migrate,
+    nonempty,
+    record,
+    stored_step,
+)
+
+__all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
+
+_BUSY_TIMEOUT_MS = 10_000
+
+
+class Store:
+    """Trajectories, labels, events, jobs and releases in one SQLite file."""
+
+    def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
+        # Use Store.open(): setup needs awaits, which __init__ cannot do.
+        self._db = db
+        self._path = path
+        self._schema_version = schema_version
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    # -- lifetime -------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: Path | str) -> Store:
+        """Open (creating directories and file if needed) and migrate the store."""
+        path = str(path)
+        if path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: sqlite3 must not open transactions behind our
+        # back; single statements autocommit, multi-statement work uses _write.
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            db.row_factory = sqlite3.Row
+            await cls._open_pragmas(db, path)
+            version = await migrate(db, path)
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, path, version)
+
+    @staticmethod
+    async def _open_pragmas(db: aiosqlite.Connection, path: str) -> None:
+        await db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        async with db.execute("PRAGMA journal_mode = WAL") as cur:
+            mode = (await cur.fetchone())[0]
+        if mode.lower() != "wal" and path != ":memory:":
+            raise RuntimeError(f"store {path}: could not enable WAL (journal_mode is {mode})")
+        # synchronous=NORMAL. In WAL mode a COMMIT has write()n its frames to
+        # the -wal file before it returns; NORMAL only skips the fsync, which
+        # happens at checkpoints instead. A SIGKILLed process's writes are
+        # already in the kernel's page cache, which the kernel flushes
+        # regardless, and the next open replays the WAL: every acknowledged
+        # step survives a process crash (tests/test_store.py kills a writer
+        # to check exactly that). What NORMAL gives up is the last few commits
+        # on power loss or a kernel crash (rolled back, never corrupt), which
+        # is not our goal. FULL would add an fsync to every step, i.e. a disk
+        # flush per chat message, for durability we do not need.
+        await db.execute("PRAGMA synchronous = NORMAL")
+        await db.execute("PRAGMA foreign_keys = ON")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._lock:
+            await self._db.close()
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def schema_version(self) -> int:
+        return self._schema_version
+
+    # -- access helpers -------------------------------------------------------
+
+    async def _fetch(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
+        """Run one statement to completion; alone, it is its own transaction.
+
+        Fetching every row matters for INSERT ... RETURNING: the implicit
+        transaction commits only when the statement has run to its end.
+        """
+        async with self._lock:
+            return list(await self._db.execute_fetchall(sql, params))
+
+    @asynccontextmanager
+    async def _transaction(self, begin: str) -> AsyncIterator[aiosqlite.Connection]:
+        async with self._lock:
+            await self._db.execute(begin)
+            try:
+                yield self._db
+            except BaseException:
+                # SQLite itself rolls back on some errors (disk full, I/O);
+                # a second ROLLBACK would then hide the real error.
+                if self._db.in_transaction:
+                    await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+
+    def _write(self) -> AbstractAsyncContextManager[aiosqlite.Connection]:
+        # IMMEDIATE takes the write lock up front, so a transaction that reads
+        # then writes cannot fail half-way with SQLITE_BUSY.
+        return self._transaction("BEGIN IMMEDIATE")
+
+    def _snapshot(self) -> AbstractAsyncContextManager[aiosqlite.Connection]:
+        # SELECTs that must agree while another process keeps writing.
+        return self._transaction("BEGIN")
+
+    async def _missing_or_closed(self, episode_id: int) -> ValueError:
+        rows = await self._fetch("SELECT status FROM episodes WHERE id = ?", (episode_id,))
+        if not rows:
+            return ValueError(f"no episode {episode_id}")
+        return ValueError(f"episode {episode_id} is already {rows[0]['status']}, not open")
+
+    # -- channels and episodes ------------------------------------------------
+
+    async def ensure_channel(self, channel_id: str, name: str = "") -> None:
+        """Record a channel; a non-empty name replaces the stored one (renames)."""
+        nonempty(channel_id, "channel_id")
+        await self._fetch(
+            "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET name = excluded.name WHERE excluded.name != ''",
+            (channel_id, name, time.time()),
+        )
+
+    async def start_episode(self, channel_id: str, model_version: str | None = None) -> int:
+        """Open an episode; the channel is recorded too, so callers need no ensure_channel."""
+        nonempty(channel_id, "channel_id")
+        now = time.time()
+        async with self._write() as db:
+            await db.execute(
+                "INSERT OR IGNORE INTO channels (id, name, created_at) VALUES (?, '', ?)",
+                (channel_id, now),
+            )
+            cur = await db.execute(
+                "INSERT INTO episodes (channel_id, started_at, model_version) VALUES (?, ?, ?)",
+                (channel_id, now, model_version),
+            )
+            return cur.lastrowid
+
+    async def end_episode(self, episode_id: int, status: str) -> None:
+        """Close an open episode. Ending it twice is refused: two owners of one
+        episode is a harness bug, and the second status would hide the first."""
+        check(status, (s for s in EPISODE_STATUSES if s != "open"), "episode status")
+        rows = await self._fetch(
+            "UPDATE episodes SET status = ?, ended_at = ? WHERE id = ? AND status = 'open' "
+            "RETURNING id",
+            (status, time.time(), episode_id),
+        )
+        if not rows:
+            raise await self._missing_or_closed(episode_id)
+
+    async def add_step(self, episode_id: int, step: Step) -> StoredStep:
+        """Append a step and commit it before returning.
+
+        The seq is computed inside the same INSERT, so concurrent writers (even
+        from two processes) can never give one episode a gap or a duplicate;
+        the UNIQUE (episode_id, seq) index would refuse a duplicate anyway.
+        Steps go only to open episodes: a step after the end would make the
+        stored trajectory differ from the one that was labelled.
+        """
+        check(step.role, ROLES, "role")
+        if not isinstance(step.content, str):
+            raise ValueError(f"step content must be a string, got {type(step.content).__name__}")
+        rows = await self._fetch(
+            f"""INSERT INTO steps (episode_id, channel_id, seq, {STEP_COLUMNS}, created_at)
+            SELECT e.id, e.channel_id,
+                   (SELECT COALESCE(MAX(s.seq), -1) + 1 FROM steps s WHERE s.episode_id = e.id),
+                   ?, ?, ?, ?, ?, COALESCE(?, e.model_version), ?, ?, ?, ?, ?, ?
+            FROM episodes e WHERE e.id = ? AND e.status = 'open'
+            RETURNING *""",
+            (step.role, step.content, dumps(step.tool_calls, "tool_calls"), step.tool_call_id,
+             step.name, step.model_version, float(step.started_at), float(step.duration_ms),
+             int(step.prompt_tokens), int(step.completion_tokens), dumps(step.meta, "meta"),
+             time.time(), episode_id),
+        )
+        if not rows:
+            raise await self._missing_or_closed(episode_id)
+        return stored_step(rows[0])
+
+    async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
+        """The channel's last ``limit`` steps across episodes, oldest first."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        rows = await self._fetch(
+            "SELECT * FROM (SELECT * FROM steps WHERE channel_id = ? ORDER BY id DESC LIMIT ?) "
+            "ORDER BY id",
+            (channel_id, limit),
+        )
+        return [stored_step(r) for r in rows]
+
+    async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:
+        """Episodes started or ended at or after ``since``, with steps and labels.
+
+        "Or ended" matters: an episode still open when one night collected was
+        excluded as incomplete, and must be seen by the next night once it ends.
+        Ordered by start time.
+        """
+        where = "(started_at >= ? OR ended_at >= ?)"
+        params: tuple = (since, since)
+        if channel_id is not None:
+            where += " AND channel_id = ?"
+            params += (channel_id,)
+        chosen = f"SELECT id FROM episodes WHERE {where}"
+        async with self._snapshot() as db:
+            episode_rows = await db.execute_fetchall(
+                f"SELECT * FROM episodes WHERE {where} ORDER BY started_at, id", params
+            )
+            step_rows = await db.execute_fetchall(
+                f"SELECT * FROM steps WHERE episode_id IN ({chosen}) ORDER BY episode_id, seq",
+                params,
+            )
+            label_rows = await db.execute_fetchall(
+                f"SELECT episode_id, label FROM labels WHERE episode_id IN ({chosen}) ORDER BY id",
+                params,
+            )
+        episodes = {r["id"]: Episode(**dict(r)) for r in episode_rows}
+        for r in step_rows:
+            episodes[r["episode_id"]].steps.append(stored_step(r))
+        for r in label_rows:
+            episodes[r["episode_id"]].labels.append(r["label"])
+        return list(episodes.values())
+
+    async def add_label(self, episode_id: int, label: str, source: str) -> None:
+        """Attach a label; ``source`` says who gave it (reaction, admin, verifier)."""
+        check(label, LABELS, "label")
+        nonempty(source, "label source")
+        rows = await self._fetch(
+            "INSERT INTO labels (episode_id, label, source, created_at) "
+            "SELECT id, ?, ?, ? FROM episodes WHERE id = ? RETURNING id",
+            (label, source, time.time(), episode_id),
+        )
+        if not rows:
+            raise ValueError(f"no episode {episode_id}")
+
+    # -- events ---------------------------------------------------------------
+
+    async def add_event(
+        self, channel_id: str, episode_id: int | None, kind: str, payload: dict
+    ) -> int:
+        """Record something that happened in a channel but is not a message
+        (e.g. a stray end-of-turn), for the night to turn into signals."""
+        nonempty(channel_id, "channel_id")
+        nonempty(kind, "event kind")
+        payload_json = dumps(payload, "event payload")
+        rows = await self._fetch(
+            "INSERT INTO events (channel_id, episode_id, kind, payload, created_at) "
+            "SELECT ?, ?, ?, ?, ? WHERE ? IS NULL OR EXISTS (SELECT 1 FROM episodes WHERE id = ?) "
+            "RETURNING id",
+            (channel_id, episode_id, kind, payload_json, time.time(), episode_id, episode_id),
+        )
+        if not rows:
+            raise ValueError(f"no episode {episode_id}")
+        return rows[0]["id"]
+
+    async def events(self, kind: str | None = None, since: float = 0.0) -> list[dict]:
+        sql = "SELECT * FROM events WHERE created_at >= ?"
+        params: tuple = (since,)
+        if kind is not None:
+            sql += " AND kind = ?"
+            params += (kind,)
+        rows = await self._fetch(sql + " ORDER BY id", params)
+        return [record(r, ("payload",)) for r in rows]
+
+    # -- jobs -----------------------------------------------------------------
+
+    async def create_job(self, kind: str, args: dict) -> int:
+        """Queue a job; the trainer process picks it up and reports through update_job."""
+        nonempty(kind, "job kind")
+        now = time.time()
+        rows = await self._fetch(
+            "INSERT INTO jobs (kind, args, state, created_at, updated_at) "
+            "VALUES (?, ?, 'queued', ?, ?) RETURNING id",
+            (kind, dumps(args, "job args"), now, now),
+        )
+        return rows[0]["id"]
+
+    async def update_job(
+        self,
+        job_id: int,
+        state: str | None = None,
+        progress: dict | None = None,
+        error: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        """Change the given fields (None leaves one as it is); always bumps
+        updated_at, so a call with no fields is a heartbeat."""
+        if state is not None:
+            check(state, JOB_STATES, "job state")
+        changes = {
+            "updated_at": time.time(),
+            "state": state,
+            "progress": dumps(progress, "job progress"),
+            "error": error,
+            "pid": None if pid is None else int(pid),
+        }
+        changes = {column: v for column, v in changes.items() if v is not None}
+        assignments = ", ".join(f"{column} = ?" for column in changes)
+        rows = await self._fetch(
+            f"UPDATE jobs SET {assignments} WHERE id = ? RETURNING id", (*changes.values(), job_id)
+        )
+        if not rows:
+            raise ValueError(f"no job {job_id}")
+
+    async def job(self, job_id: int) -> dict | None:
+        rows = await self._fetch("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        return record(rows[0], ("args", "progress")) if rows else None
+
+    async def jobs(self, kind: str | None = None, states: list[str] | None = None) -> list[dict]:
+        sql = "SELECT * FROM jobs WHERE 1"
+        params: list[Any] = []
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        if states is not None:
+            for state in states:
+                check(state, JOB_STATES, "job state")
+            sql += f" AND state IN ({', '.join('?' * len(states))})"
+            params.extend(states)
+        rows = await self._fetch(sql + " ORDER BY id", tuple(params))
+        return [record(r, ("args", "progress")) for r in rows]
+
+    # -- releases -------------------------------------------------------------
+
+    async def add_release(self, name: str, path: str, meta: dict) -> int:
+        """Record a trained model as a candidate; names are unique so that
+        promote and rollback can name a release unambiguously."""
+        nonempty(name, "release name")
+        now = time.time()
+        try:
+            rows = await self._fetch(
+                "INSERT INTO releases (name, path, meta, state, created_at, updated_at) "
+                "VALUES (?, ?, ?, 'candidate', ?, ?) RETURNING id",
+                (name, str(path), dumps(meta, "release meta"), now, now),
+            )
+        except sqlite3.IntegrityError:
+            raise ValueError(f"a release named {name!r} already exists") from None
+        return rows[0]["id"]
+
+    async def set_release_state(self, release_id: int, state: str) -> None:
+        """Making one release live retires the previous live one in the same
+        transaction, so a reader never sees zero or two live releases."""
+        check(state, RELEASE_STATES, "release state")
+        now = time.time()
+        async with self._write() as db:
+            found = await db.execute_fetchall("SELECT 1 FROM releases WHERE id = ?", (release_id,))
+            if not found:
+                raise ValueError(f"no release {release_id}")
+            if state == "live":
+                await db.execute(
+                    "UPDATE releases SET state = 'retired', updated_at = ? "
+                    "WHERE state = 'live' AND id != ?",
+                    (now, release_id),
+                )
+            await db.execute(
+                "UPDATE releases SET state = ?, updated_at = ? WHERE id = ?",
+                (state, now, release_id),
+            )
+
+    async def releases(self) -> list[dict]:
+        rows = await self._fetch("SELECT * FROM releases ORDER BY id")
+        return [record(r, ("meta",)) for r in rows]
+
+    # -- health ---------------------------------------------------------------
+
+    async def integrity_check(self) -> str:
+        """"ok", or SQLite's description of what is broken (pages or foreign keys)."""
+        rows = await self._fetch("PRAGMA integrity_check")
+        result = "\n".join(str(r[0]) for r in rows)
+        if result != "ok":
+            return result
+        broken = await self._fetch("PRAGMA foreign_key_check")
+        if broken:
+            return "\n".join(
+                f"{r['table']} row {r['rowid']}: missing {r['parent']} row" for r in broken
+            )
+        return "ok"
