@@ -60,9 +60,22 @@ class MiniLMEmbedder:
     def __call__(self, input: list[str]) -> list[np.ndarray]:  # noqa: A002 - chromadb's name
         return list(self.embed(list(input)))
 
+    def embed_query(self, input: list[str]) -> list[np.ndarray]:  # noqa: A002
+        return self(input)
+
     @staticmethod
     def name() -> str:
         return "nightshift-minilm-l6-v2-numpy"
+
+    @staticmethod
+    def build_from_config(config: dict) -> "MiniLMEmbedder":
+        return MiniLMEmbedder()
+
+    def default_space(self) -> str:
+        return "cosine"
+
+    def supported_spaces(self) -> list[str]:
+        return ["cosine", "l2", "ip"]
 
     def is_legacy(self) -> bool:
         return False

@@ -158,8 +158,8 @@ def server_kind(name: str) -> ServerKind:
 def _check_gguf(gguf: Path) -> None:
     if not gguf.is_file():
         raise ServerStartError(
-            f"the model file {gguf} does not exist. Fix: run the setup step that converts "
-            "the embedded model, or set model.gguf to an existing .gguf file."
+            f"the model file {gguf} does not exist. Fix: run `make model` (the setup step "
+            "that converts the embedded model) or set model.gguf to an existing .gguf file."
         )
 
 

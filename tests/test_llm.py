@@ -51,9 +51,8 @@ class ScriptedServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.port = self._runner.addresses[0][1]
         return self
 
     async def stop(self) -> None:

@@ -1,0 +1,65 @@
+"""The console front end: line parsing, and the README's piped run end to end."""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.console import ConsoleRenderer, parse_line, run_console
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_parse_line_routes_hash_name_to_that_channel():
+    line = parse_line("#dev-ops  fix the build\n", "general")
+    assert (line.channel, line.text) == ("dev-ops", "fix the build")
+
+
+def test_parse_line_without_channel_uses_the_current_one():
+    assert parse_line("hello", "random").channel == "random"
+    assert parse_line("   \n", "general") is None
+
+
+async def test_console_answers_each_line_in_order_and_stops_at_eof():
+    seen = []
+
+    async def turn(channel, text):
+        seen.append((channel, text))
+        return f"echo {text}"
+
+    async def command(line):
+        return f"ran {line}"
+
+    out, err = io.StringIO(), io.StringIO()
+    stdin = io.StringIO("#a one\ntwo\n#b three\n/status\n")
+    await run_console(turn, command, ConsoleRenderer(out, err), stdin)
+    assert seen == [("a", "one"), ("a", "two"), ("b", "three")]
+    assert out.getvalue().splitlines() == ["[#a] echo one", "[#a] echo two", "[#b] echo three"]
+    assert "ran /status" in err.getvalue()
+
+
+@pytest.mark.slow
+def test_piped_run_replies_through_the_real_server_and_stores_the_turn(tmp_path, served_gguf,
+                                                                       free_port):
+    config = tmp_path / "config.toml"
+    config.write_text(f'[paths]\ndata_dir = "{tmp_path / "data"}"\n'
+                      f'[model]\ngguf = "{served_gguf}"\nhf_dir = "{served_gguf.parent / "smollm2-135m-instruct-hf"}"\n'
+                      f'[server]\nport = {free_port}\n'
+                      f'[agent]\nmax_reply_tokens = 24\ntemperature = 0\n')
+    env = {k: v for k, v in os.environ.items() if k != "DISCORD_TOKEN"}
+    done = subprocess.run([sys.executable, "-m", "bot", "--config", str(config), "run"],
+                          input="#general hello\n", capture_output=True, text=True,
+                          cwd=ROOT, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr
+    replies = [l for l in done.stdout.splitlines() if l.startswith("[#general] ")]
+    assert len(replies) == 1 and len(replies[0]) > len("[#general] ")
+    db = sqlite3.connect(tmp_path / "data/nightshift.db")
+    rows = db.execute("SELECT role, content FROM steps ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == ["user", "assistant"]
+    assert rows[0][1] == "hello" and rows[1][1].strip()
