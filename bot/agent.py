@@ -1,25 +1,59 @@
-"""One turn of a channel's agent.
+"""One turn of a channel's agent: a linear tool-calling loop.
 
-The trajectory is the message list: the user's message is stored, the context
-is rebuilt from the store (so what the model saw is exactly what is stored),
-the model answers, and the answer is stored before the turn returns. Every
-turn is one episode in the store.
+    context -> model -> tool calls -> observations -> model -> ... -> answer
 
-Reasoning (``<think>...</think>``) from earlier turns is dropped from later
-contexts, as the night's training data will drop it.
+The trajectory is the message list. Each step (the system prompt the model
+saw, the user's message, every assistant message with its tool calls, every
+tool observation) is committed to the store before the next step starts, so
+what the model saw is exactly what is stored. A turn is one episode.
+
+Errors the model caused (bad JSON, an unknown tool, bad arguments) go back to
+it as observations saying what was wrong and what is valid; after
+``agent.max_format_errors`` of them in a row the turn ends with a clear
+message. Harness bugs are raised. Reasoning (``<think>...</think>``) from
+earlier turns is dropped from later contexts, as the night's data drops it.
+
+When the context outgrows the window, older messages are compacted into a
+summary written by the model; the system section and the recent turns stay.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 from bot.config import Config
-from bot.llm import LLM, LLMError
+from bot.llm import LLM, LLMError, Reply
 from bot.store import Step, Store, StoredStep
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
+# Registry error kinds that mean the model formed the call badly (not a tool refusing).
+FORMAT_ERRORS = ("unknown_tool", "arguments")
+SUMMARY_PREFIX = "Summary of the earlier conversation: "
+STRAY_QUESTION = ("Did you mean to end your turn? Answer yes if your last message is your "
+                  "final answer, or no if you still have work to do.")
+STRAY_CONTINUE = "Then continue: do the remaining work now, using the tools."
+STRAY_SCHEMA = {"type": "json_schema", "json_schema": {"name": "end_turn", "schema": {
+    "type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["answer"]}}}
+
+
+class ToolResultLike(Protocol):
+    ok: bool
+    output: str
+    meta: dict
+
+
+class Tools(Protocol):
+    """What the agent needs of the tool registry."""
+
+    def schemas(self) -> list[dict]: ...
+
+    async def call(self, name: str, arguments: str | dict, ctx: Any) -> ToolResultLike: ...
 
 
 @dataclass
@@ -28,6 +62,17 @@ class TurnResult:
     reply: str
     episode_id: int
     ok: bool
+    steps: int = 0
+    files: list[str] = field(default_factory=list)  # workspace files to upload with the reply
+
+
+class TurnEnded(Exception):
+    """Ends a turn early; ``message`` is what the user is told."""
+
+    def __init__(self, message: str, status: str = "aborted") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
 
 
 def strip_reasoning(text: str) -> str:
@@ -35,45 +80,242 @@ def strip_reasoning(text: str) -> str:
 
 
 def history_messages(steps: list[StoredStep]) -> list[dict]:
-    """Stored steps as chat messages, reasoning stripped."""
+    """Stored steps of earlier turns as chat messages, reasoning stripped.
+
+    System steps are skipped (each turn stores the system prompt it used), and a
+    leading tool observation whose call fell off the window is dropped, since a
+    tool message without its call is invalid chat.
+    """
     messages = []
     for step in steps:
         if step.role == "system":
             continue
+        if step.role == "tool" and not messages:
+            continue
         message: dict = {"role": step.role, "content": strip_reasoning(step.content)}
         if step.tool_calls:
             message["tool_calls"] = step.tool_calls
-        if step.role == "tool" and step.tool_call_id:
-            message["tool_call_id"] = step.tool_call_id
+        if step.role == "tool":
+            message["tool_call_id"] = step.tool_call_id or ""
+            message["name"] = step.name or ""
         messages.append(message)
     return messages
 
 
-class Agent:
-    """Answers one message of one channel; holds no per-channel state itself."""
+def estimate_tokens(messages: list[dict]) -> int:
+    chars = sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or []))
+                for m in messages)
+    return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
 
-    def __init__(self, config: Config, llm: LLM, store: Store) -> None:
+
+class Agent:
+    """Runs turns; per-channel state lives in the store and the tool context."""
+
+    def __init__(self, config: Config, llm: LLM, store: Store, tools: Tools,
+                 context_for: Callable[[str], Any],
+                 sys_section: Callable[[str], str] = lambda channel: "",
+                 stray: Any = None) -> None:
         self.config = config
+        self.stray = stray  # a channels.StrayDetector, or None to never ask
         self.llm = llm
         self.store = store
+        self.tools = tools
+        self.context_for = context_for
+        self.sys_section = sys_section
+
+    # -- the turn -------------------------------------------------------------
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
         await self.store.ensure_channel(channel, channel)
+        history = await self.store.channel_history(channel, self.config.agent.history_messages)
         episode = await self.store.start_episode(channel, self.config.model.alias)
-        await self.store.add_step(episode, Step(role="user", content=text, name=speaker,
-                                                started_at=time.time()))
-        history = await self.store.channel_history(channel, self.config.agent.history_messages + 1)
-        messages = [{"role": "system", "content": self.config.agent.system_prompt},
-                    *history_messages(history)]
+        system = self.system_prompt(channel)
+        await self._store(episode, Step(role="system", content=system))
+        await self._store(episode, Step(role="user", content=text, name=speaker))
+        messages = [{"role": "system", "content": system}, *history_messages(history),
+                    {"role": "user", "content": text}]
+        return await self.run(channel, episode, messages)
+
+    async def run(self, channel: str, episode: int, messages: list[dict]) -> TurnResult:
+        """Continue a turn from ``messages`` until an answer, a limit or an error."""
+        ctx = self.context_for(channel)
+        steps, format_errors, tool_rounds, asked = 0, 0, 0, False
         try:
-            reply = await self.llm.chat(messages, max_tokens=self.config.agent.max_reply_tokens,
+            while True:
+                if steps >= self.config.agent.max_steps:
+                    raise TurnEnded(f"(stopped after {steps} steps without a final answer; "
+                                    "ask me to continue if needed)")
+                steps += 1
+                messages = await self._fit(channel, episode, messages)
+                reply = await self._ask(messages)
+                stored = await self._store(episode, _assistant_step(reply))
+                messages.append(_assistant_message(reply))
+                if not reply.tool_calls:
+                    reason = None if asked or self.stray is None else self.stray.flag(
+                        strip_reasoning(reply.content), tool_rounds)
+                    if reason:
+                        asked = True
+                        if await self._meant_to_continue(channel, episode, messages, stored,
+                                                         reason):
+                            continue
+                    await self.store.end_episode(episode, "complete")
+                    return TurnResult(channel, strip_reasoning(reply.content).strip(), episode,
+                                      ok=True, steps=steps, files=_files(ctx))
+                tool_rounds += 1
+                bad = await self._run_tools(episode, messages, reply.tool_calls, ctx)
+                format_errors = format_errors + 1 if bad else 0
+                if format_errors >= self.config.agent.max_format_errors:
+                    raise TurnEnded(f"(I could not form a valid tool call {format_errors} "
+                                    "times in a row, so I stopped; please rephrase the request)")
+        except TurnEnded as end:
+            await self.store.end_episode(episode, end.status)
+            return TurnResult(channel, end.message, episode, ok=False, steps=steps,
+                              files=_files(ctx))
+        except BaseException:
+            await self.store.end_episode(episode, "errored")
+            raise
+
+    def system_prompt(self, channel: str) -> str:
+        parts = [self.config.agent.system_prompt]
+        section = self.sys_section(channel).strip()
+        if section:
+            parts.append("Your own notes for this channel (you edit them with update_sys):\n"
+                         + section)
+        return "\n\n".join(parts)
+
+    # -- steps ----------------------------------------------------------------
+
+    async def _ask(self, messages: list[dict]) -> Reply:
+        try:
+            return await self.llm.chat(messages, tools=self.tools.schemas() or None,
+                                       max_tokens=self.config.agent.max_reply_tokens,
                                        temperature=self.config.agent.temperature)
         except LLMError as exc:
-            await self.store.end_episode(episode, "errored")
-            return TurnResult(channel, f"(the model server failed: {exc})", episode, ok=False)
-        await self.store.add_step(episode, Step(
-            role="assistant", content=reply.content, model_version=reply.model,
-            started_at=time.time() - reply.duration_ms / 1000, duration_ms=reply.duration_ms,
-            prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens))
-        await self.store.end_episode(episode, "complete")
-        return TurnResult(channel, strip_reasoning(reply.content).strip(), episode, ok=True)
+            raise TurnEnded(f"(the model server failed: {exc})", status="errored") from exc
+
+    async def _run_tools(self, episode: int, messages: list[dict], calls: list[dict],
+                         ctx: Any) -> bool:
+        """Run each call in order and store its observation; True if any was malformed."""
+        malformed = False
+        for call in calls:
+            name = call["function"]["name"]
+            started = time.time()
+            result = await self.tools.call(name, call["function"]["arguments"], ctx)
+            malformed |= result.meta.get("error") in FORMAT_ERRORS
+            output = self._truncate(result.output if result.ok else f"ERROR: {result.output}")
+            step = Step(role="tool", content=output, tool_call_id=call.get("id"), name=name,
+                        started_at=started, duration_ms=(time.time() - started) * 1000,
+                        meta={"ok": result.ok, **result.meta})
+            await self._store(episode, step)
+            messages.append({"role": "tool", "tool_call_id": call.get("id") or "",
+                             "name": name, "content": output})
+        return malformed
+
+    def _truncate(self, text: str) -> str:
+        limit = self.config.agent.tool_output_chars
+        if len(text) <= limit:
+            return text
+        cut = len(text) - limit
+        return (text[:limit] + f"\n[... {cut} more characters cut: the output was too long. "
+                "Read it in parts, e.g. with read_file and an offset.]")
+
+    async def _store(self, episode: int, step: Step) -> StoredStep:
+        if not step.started_at:
+            step.started_at = time.time()
+        return await self.store.add_step(episode, step)
+
+    # -- stray end of turn -----------------------------------------------------
+
+    async def _meant_to_continue(self, channel: str, episode: int, messages: list[dict],
+                                 flagged: StoredStep, reason: str) -> bool:
+        """Ask whether the turn really ended; on "no", append the go-ahead and return True."""
+        await self._probe(episode, messages, "user", STRAY_QUESTION)
+        try:
+            reply = await self.llm.chat(messages, response_format=STRAY_SCHEMA, max_tokens=16,
+                                        temperature=0)
+        except LLMError:
+            return False  # the answer stands; the night still sees the flag below
+        answer = _yes_no(reply.content)
+        await self._probe(episode, messages, "assistant", reply.content)
+        await self.store.add_event(channel, episode, "stray_end_of_turn", {
+            "step_id": flagged.id, "seq": flagged.seq, "reason": reason, "answer": answer})
+        if answer != "no":
+            return False
+        await self._probe(episode, messages, "user", STRAY_CONTINUE)
+        return True
+
+    async def _probe(self, episode: int, messages: list[dict], role: str, text: str) -> None:
+        await self._store(episode, Step(role=role, content=text, meta={"probe": "stray"}))
+        messages.append({"role": role, "content": text})
+
+    # -- context overflow -----------------------------------------------------
+
+    async def _fit(self, channel: str, episode: int, messages: list[dict]) -> list[dict]:
+        """Compact older messages into a summary when the context would overflow."""
+        agent = self.config.agent
+        budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
+        schema_tokens = estimate_tokens([{"content": json.dumps(self.tools.schemas())}])
+        if estimate_tokens(messages) + schema_tokens <= budget:
+            return messages
+        system, rest = messages[0], messages[1:]
+        keep = _recent_start(rest, agent.keep_recent_messages)
+        old, recent = rest[:keep], rest[keep:]
+        if not old:
+            return messages
+        summary = await self._summarise(old)
+        await self.store.add_event(channel, episode, "compaction",
+                                   {"messages": len(old), "summary": summary})
+        return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
+
+    async def _summarise(self, old: list[dict]) -> str:
+        transcript = "\n".join(f"{m['role']}: {(m.get('content') or '')[:2000]}" for m in old)
+        prompt = [{"role": "system", "content": "You summarise conversations faithfully."},
+                  {"role": "user", "content": "Summarise this conversation in a few sentences, "
+                   "keeping facts, file names, decisions and open tasks:\n\n" + transcript}]
+        try:
+            reply = await self.llm.chat(prompt, max_tokens=256, temperature=0)
+        except LLMError as exc:
+            raise TurnEnded(f"(the model server failed while compacting: {exc})",
+                            status="errored") from exc
+        return strip_reasoning(reply.content).strip() or "(no summary)"
+
+
+def _yes_no(text: str) -> str:
+    """"yes" or "no" from a JSON answer or plain text; anything unclear counts as yes."""
+    try:
+        value = json.loads(text).get("answer", "")
+    except (ValueError, AttributeError):
+        value = text
+    return "no" if str(value).strip().lower().startswith("no") else "yes"
+
+
+def _recent_start(messages: list[dict], keep: int) -> int:
+    """Index where the kept recent part starts; never splits a tool call from its results."""
+    start = max(0, len(messages) - keep)
+    while start > 0 and messages[start]["role"] == "tool":
+        start -= 1
+    return start
+
+
+def _assistant_step(reply: Reply) -> Step:
+    return Step(role="assistant", content=reply.content, tool_calls=reply.tool_calls or None,
+                model_version=reply.model, started_at=time.time() - reply.duration_ms / 1000,
+                duration_ms=reply.duration_ms, prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens)
+
+
+def _assistant_message(reply: Reply) -> dict:
+    message: dict = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message
+
+
+def _files(ctx: Any) -> list[str]:
+    """Files the agent asked to send during the turn (``send_file``), drained once."""
+    outbox = getattr(ctx, "services", {}).get("outbox")
+    if not outbox:
+        return []
+    files = list(outbox)
+    outbox.clear()
+    return files

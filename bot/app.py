@@ -1,66 +1,70 @@
-"""The bot's runtime: store, supervised model server, agent, one front end.
-
-Owns every long-lived resource and closes them in reverse order, whether the
-front end ends at EOF, by /quit, by Ctrl-C or by an error.
-"""
+"""Start the bot: Discord if a token is configured, else the local console."""
 
 from __future__ import annotations
 
-import logging
 import sys
-from contextlib import AsyncExitStack
 
-from bot.agent import Agent
+from bot import admin
+from bot.channels import Busy
 from bot.config import Config
 from bot.console import ConsoleRenderer, run_console
-from bot.llm import LLM
-from bot.server import ServerSupervisor
-from bot.store import Store
-
-logger = logging.getLogger("nightshift")
+from bot.runtime import Runtime
+from sandbox.process import unsandboxed_warning
 
 
-async def status_text(supervisor: ServerSupervisor, store: Store) -> str:
-    episodes = await store.episodes_since(0.0)
-    server = "ready" if supervisor.ready else "not ready"
-    return (f"model: {supervisor.gguf.name} at {supervisor.base_url} ({server}, "
-            f"pid {supervisor.pid}, restarts {supervisor.restarts}, "
-            f"last restart: {supervisor.last_restart_reason or 'none'})\n"
-            f"store: {store.path} schema v{store.schema_version}, {len(episodes)} episodes")
+def console_commands(rt: Runtime) -> object:
+    """The console's slash commands; the local user is an admin."""
+
+    async def command(line: str, channel: str) -> str:
+        name, *args = line.split()
+        try:
+            if name in ("/sleep", "!sleep"):
+                return await admin.sleep(rt, "console", channel)
+            if name == "/label" and len(args) == 2:
+                return await admin.label(rt, int(args[0]), args[1], "admin")
+            if name == "/sys" and args in (["show"], ["reset"]):
+                return await (admin.sys_show if args[0] == "show" else admin.sys_reset)(rt, channel)
+            if name in ("/promote", "/rollback") and len(args) <= 1:
+                action = admin.promote if name == "/promote" else admin.rollback
+                return await action(rt, int(args[0]) if args else None)
+            simple = {"/status": admin.status, "/wake": admin.wake,
+                      "/restart-server": admin.restart_server}
+            if name in simple and not args:
+                return await simple[name](rt)
+            if name == "/notes-clean" and not args:
+                return await admin.notes_clean(rt, channel)
+        except ValueError:
+            pass
+        return f"unknown or malformed command {line!r}; /help lists the commands"
+
+    return command
 
 
 async def run_bot(config: Config) -> int:
     renderer = ConsoleRenderer()
-    async with AsyncExitStack() as stack:
-        store = await Store.open(config.store_path)
-        stack.push_async_callback(store.close)
-        supervisor = ServerSupervisor(config)
-        renderer.info(f"starting the model server ({config.server.kind}, "
-                      f"{supervisor.gguf.name}) ...")
-        stack.push_async_callback(supervisor.stop)
-        await supervisor.start()
-        renderer.info(f"model server ready at {supervisor.base_url}")
-        llm = LLM(config, supervisor)
-        stack.push_async_callback(llm.close)
-        agent = Agent(config, llm, store)
-
-        async def turn(channel: str, text: str, speaker: str = "user") -> str:
-            return (await agent.turn(channel, text, speaker)).reply
-
-        async def command(line: str) -> str:
-            if line == "/status":
-                return await status_text(supervisor, store)
-            return f"unknown command {line!r}; /help lists the commands"
-
+    warning = unsandboxed_warning(config.sandbox.allow_unsandboxed)
+    if warning:
+        renderer.info(warning)
+    renderer.info(f"starting the model server ({config.server.kind}, {config.served_gguf.name}) ...")
+    rt = await Runtime.start(config)
+    try:
+        renderer.info(f"model server ready at {rt.supervisor.base_url}")
         token = config.secret("discord.token_env")
         if token:
-            from bot.discord_app import NightshiftClient
+            from bot.discord_app import run_discord
 
-            client = NightshiftClient(turn)
-            stack.push_async_callback(client.close)
             renderer.info("joining Discord ...")
-            await client.start(token)
+            await run_discord(rt, token)
         else:
             renderer.info(f"no Discord token in ${config.discord.token_env}: local console")
-            await run_console(turn, command, renderer, sys.stdin)
+
+            async def turn(channel: str, text: str):
+                try:
+                    return await rt.turn(channel, text, "console")
+                except Busy as exc:
+                    return str(exc)
+
+            await run_console(turn, console_commands(rt), renderer, sys.stdin)
+    finally:
+        await rt.close()
     return 0

@@ -143,6 +143,26 @@ class DiscordConfig(_Section):
     )
     admin_user_ids: list[int] = Field(default_factory=list, description="a list of user ids")
     admin_role_ids: list[int] = Field(default_factory=list, description="a list of role ids")
+    allowed_channel_ids: list[int] = Field(
+        default_factory=list, description="a list of channel ids (empty = every channel)"
+    )
+    blocked_channel_ids: list[int] = Field(default_factory=list, description="a list of channel ids")
+    allowed_user_ids: list[int] = Field(
+        default_factory=list, description="a list of user ids (empty = everyone)"
+    )
+    blocked_user_ids: list[int] = Field(default_factory=list, description="a list of user ids")
+    allowed_role_ids: list[int] = Field(
+        default_factory=list, description="a list of role ids (empty = every role)"
+    )
+    blocked_role_ids: list[int] = Field(default_factory=list, description="a list of role ids")
+    require_mention: bool = Field(
+        True, description="true or false: in server channels, answer only when mentioned"
+    )
+    no_mention_channel_ids: list[int] = Field(
+        default_factory=list, description="a list of channel ids that need no mention"
+    )
+    allow_dms: bool = Field(True, description="true or false: answer direct messages")
+    command_prefix: str = Field("!", min_length=1, max_length=3, description="1-3 characters, e.g. !")
 
     @field_validator("token_env")
     @classmethod
@@ -161,6 +181,21 @@ class AgentConfig(_Section):
         20, ge=0, description="how many earlier messages of the channel to include (>= 0)"
     )
     max_reply_tokens: int = Field(512, ge=1, description="a positive token count")
+    max_steps: int = Field(
+        8, ge=1, le=100, description="model calls allowed in one turn (1..100)"
+    )
+    max_format_errors: int = Field(
+        3, ge=1, description="malformed tool calls in a row before the turn ends (>= 1)"
+    )
+    tool_output_chars: int = Field(
+        4000, ge=200, description="characters of one tool output kept in context (>= 200)"
+    )
+    keep_recent_messages: int = Field(
+        8, ge=2, description="recent messages kept verbatim when compacting (>= 2)"
+    )
+    queue_size: int = Field(
+        16, ge=1, description="messages waiting per channel before 'busy' replies (>= 1)"
+    )
     temperature: float = Field(
         0.3, ge=0, le=2, description="a sampling temperature between 0 and 2"
     )

@@ -16,11 +16,16 @@ from typing import Awaitable, Callable, TextIO
 
 _LINE = re.compile(r"^#([A-Za-z0-9_-]{1,64})\s+(.*)$", re.DOTALL)
 HELP = (
-    "#channel text   speak in a channel (the channel is created on first use)\n"
-    "text            speak in the channel used last\n"
-    "/status         model server and store state\n"
-    "/help           this help\n"
-    "/quit           stop (EOF, Ctrl-D, does the same)"
+    "#channel text          speak in a channel (the channel is created on first use)\n"
+    "text                   speak in the channel used last\n"
+    "!sleep, /sleep         request the night (training on the day)\n"
+    "/wake                  cancel a queued or running night\n"
+    "/status                model, server health, queues, night\n"
+    "/sys show|reset        the channel's agent-editable system section\n"
+    "/label EPISODE LABEL   label an episode accepted, rejected or verified\n"
+    "/promote [ID], /rollback [ID], /restart-server, /notes-clean\n"
+    "/help                  this help\n"
+    "/quit                  stop (EOF, Ctrl-D, does the same)"
 )
 
 
@@ -49,15 +54,17 @@ class ConsoleRenderer:
     def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
         self.out, self.err = out, err
 
-    def reply(self, channel: str, text: str) -> None:
+    def reply(self, channel: str, text: str, files: list[str] = ()) -> None:
         print(f"[#{channel}] {text}", file=self.out, flush=True)
+        for name in files:
+            print(f"[#{channel}] (file sent: {name})", file=self.out, flush=True)
 
     def info(self, text: str) -> None:
         print(text, file=self.err, flush=True)
 
 
-Turn = Callable[[str, str], Awaitable[str]]
-Command = Callable[[str], Awaitable[str]]
+Turn = Callable[[str, str], Awaitable[object]]  # returns a TurnResult or a text
+Command = Callable[[str, str], Awaitable[str]]  # (command line, current channel)
 
 
 async def run_console(turn: Turn, command: Command, renderer: ConsoleRenderer,
@@ -79,14 +86,18 @@ async def run_console(turn: Turn, command: Command, renderer: ConsoleRenderer,
         if stripped == "/help":
             renderer.info(HELP)
             continue
-        if stripped.startswith("/"):
-            renderer.info(await command(stripped))
-            continue
         parsed = parse_line(line, channel)
         if parsed is None:
             continue
         channel = parsed.channel
+        if parsed.text.startswith(("/", "!sleep")):
+            renderer.info(await command(parsed.text, channel))
+            continue
         if not parsed.text:
             renderer.info(f"(now in #{channel})")
             continue
-        renderer.reply(channel, await turn(channel, parsed.text))
+        result = await turn(channel, parsed.text)
+        if isinstance(result, str):
+            renderer.reply(channel, result)
+        else:
+            renderer.reply(channel, result.reply, result.files)

@@ -33,15 +33,16 @@ async def test_console_answers_each_line_in_order_and_stops_at_eof():
         seen.append((channel, text))
         return f"echo {text}"
 
-    async def command(line):
-        return f"ran {line}"
+    async def command(line, channel):
+        return f"ran {line} in {channel}"
 
     out, err = io.StringIO(), io.StringIO()
-    stdin = io.StringIO("#a one\ntwo\n#b three\n/status\n")
+    stdin = io.StringIO("#a one\ntwo\n#b three\n/status\n#c !sleep\n")
     await run_console(turn, command, ConsoleRenderer(out, err), stdin)
     assert seen == [("a", "one"), ("a", "two"), ("b", "three")]
     assert out.getvalue().splitlines() == ["[#a] echo one", "[#a] echo two", "[#b] echo three"]
-    assert "ran /status" in err.getvalue()
+    assert "ran /status in b" in err.getvalue()
+    assert "ran !sleep in c" in err.getvalue()
 
 
 @pytest.mark.slow

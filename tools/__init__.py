@@ -1,1 +1,416 @@
-"""tools"""
+"""The tool registry: a tool is a typed function plus its docstring.
+
+``@tool`` reads a function's type hints and the ``Args:`` section of its
+Google-style docstring and builds the OpenAI function schema from them, so
+the schema the model sees and the checks its arguments go through cannot
+drift apart. The first parameter is always ``ctx: ToolContext``; it is the
+harness's, not the model's, and stays out of the schema.
+
+``Registry.call`` never raises for the model's mistakes. Invalid JSON, an
+unknown tool, a missing, extra or mistyped argument, a path outside the
+workspace and any ``ValueError``/``OSError`` from the tool come back as
+``ToolResult(ok=False, output=<what to do about it>)``. A bug in a tool
+(any other exception) is logged and comes back as an error too, marked as
+the harness's fault, so one broken tool never ends a turn.
+
+Adding a module of tools is one line in ``TOOL_MODULES``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import re
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+if TYPE_CHECKING:
+    from sandbox.paths import Workspace
+    from tools.history import Journal
+
+logger = logging.getLogger("nightshift.tools")
+
+# Modules whose @tool functions make up default_registry(), in schema order.
+TOOL_MODULES = (
+    "tools.files",
+    "tools.search",
+    "tools.history",
+    "tools.recipes",
+    "tools.system",
+)
+
+# A safety net over the tools' own bounds: one observation must not flood the context.
+MAX_OUTPUT_CHARS = 16_000
+
+
+class ToolError(ValueError):
+    """A refusal the model can act on; its message is the observation."""
+
+
+class ArgumentError(ValueError):
+    """The model's arguments do not fit the tool's schema."""
+
+
+@dataclass
+class ToolResult:
+    ok: bool
+    output: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolContext:
+    """What a tool may touch: one channel's workspace, journal and private state.
+
+    ``state_dir`` lies outside the workspace, so nothing the agent runs can
+    rewrite its own journal or system-prompt section behind the tools' back.
+    Services later tools need (sending a file, a status line, an embedder)
+    are injected here; ``services`` holds any others by name.
+    """
+
+    channel: str
+    workspace: Workspace
+    journal: Journal
+    state_dir: Path
+    send_file: Callable[..., Any] | None = None
+    status: Callable[..., Any] | None = None
+    embedder: Any = None
+    services: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, channel: str, workspace: Workspace, state_dir: Path, **services: Any) -> ToolContext:
+        """A context with the channel's journal loaded from ``state_dir``."""
+        from tools.history import Journal
+
+        state_dir = Path(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True)
+        journal = Journal(state_dir, workspace.root)
+        known = {k: services.pop(k) for k in ("send_file", "status", "embedder") if k in services}
+        return cls(channel, workspace, journal, state_dir, services=services, **known)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    hint: Any
+    description: str
+    required: bool
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    params: tuple[Param, ...]
+    fn: Callable[..., Any]
+    is_async: bool
+
+    def __call__(self, ctx: ToolContext, **kwargs: Any) -> Any:
+        return self.fn(ctx, **kwargs)
+
+    def schema(self) -> dict:
+        properties = {}
+        for p in self.params:
+            prop = {**_json_type(p.hint), "description": p.description}
+            if not p.required and p.default is not None:
+                prop["default"] = p.default
+            properties[p.name] = prop
+        parameters = {
+            "type": "object",
+            "properties": properties,
+            "required": [p.name for p in self.params if p.required],
+            "additionalProperties": False,
+        }
+        return {"type": "function", "function": {
+            "name": self.name, "description": self.description, "parameters": parameters}}
+
+    def usage(self) -> str:
+        """The call's shape in one line, for error messages: ``read_file(path, offset?, limit?)``."""
+        parts = [f"{p.name}{'' if p.required else '?'}: {_type_word(p.hint)}" for p in self.params]
+        return f"{self.name}({', '.join(parts)})"
+
+    def bind(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments to call with, checked against the hints; raises ArgumentError."""
+        known = {p.name: p for p in self.params}
+        extra = sorted(set(arguments) - set(known))
+        if extra:
+            names = ", ".join(known) or "none"
+            raise ArgumentError(f"{self.name} has no argument {', '.join(map(repr, extra))}; "
+                                f"its arguments are: {names}. Call it as {self.usage()}.")
+        missing = [p.name for p in self.params if p.required and p.name not in arguments]
+        if missing:
+            raise ArgumentError(f"{self.name} is missing required argument "
+                                f"{', '.join(map(repr, missing))}. Call it as {self.usage()}.")
+        kwargs = {}
+        for name, value in arguments.items():
+            try:
+                kwargs[name] = _check(value, known[name].hint)
+            except ArgumentError as exc:
+                raise ArgumentError(f"{self.name}: argument {name!r} must be {exc}. "
+                                    f"Call it as {self.usage()}.") from None
+        return kwargs
+
+
+def tool(fn: Callable[..., Any]) -> Tool:
+    """Make ``fn`` a Tool; raises TypeError at import time for an undocumented or untyped parameter."""
+    description, arg_docs = _parse_docstring(fn)
+    if not description:
+        raise TypeError(f"tool {fn.__name__} has no docstring description")
+    hints = get_type_hints(fn)
+    signature = inspect.signature(fn)
+    parameters = list(signature.parameters.values())
+    if not parameters or parameters[0].name != "ctx":
+        raise TypeError(f"tool {fn.__name__}: the first parameter must be ctx: ToolContext")
+    params = []
+    for p in parameters[1:]:
+        if p.name not in hints:
+            raise TypeError(f"tool {fn.__name__}: parameter {p.name!r} has no type hint")
+        if p.name not in arg_docs:
+            raise TypeError(f"tool {fn.__name__}: parameter {p.name!r} is not documented under Args:")
+        _json_type(hints[p.name])  # raises for unsupported hints
+        required = p.default is inspect.Parameter.empty
+        if required and _is_optional(hints[p.name]):
+            raise TypeError(f"tool {fn.__name__}: optional parameter {p.name!r} needs a default")
+        params.append(Param(p.name, hints[p.name], arg_docs[p.name], required,
+                            None if required else p.default))
+    stray = set(arg_docs) - {p.name for p in params}
+    if stray:
+        raise TypeError(f"tool {fn.__name__}: Args documents unknown parameters {sorted(stray)}")
+    return Tool(fn.__name__, description, tuple(params), fn, inspect.iscoroutinefunction(fn))
+
+
+class Registry:
+    """Every tool the agent may call, by name."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, t: Tool) -> None:
+        if t.name in self._tools:
+            raise ValueError(f"tool {t.name!r} is registered twice")
+        self._tools[t.name] = t
+
+    def register_module(self, module: types.ModuleType) -> None:
+        """Register the module's own tools (not ones it imported), in definition order."""
+        for value in vars(module).values():
+            if isinstance(value, Tool) and value.fn.__module__ == module.__name__:
+                self.register(value)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def schemas(self) -> list[dict]:
+        return [t.schema() for t in self._tools.values()]
+
+    async def call(self, name: str, arguments: str | dict | None, ctx: ToolContext) -> ToolResult:
+        start = time.perf_counter()
+        result = await self._call(name, arguments, ctx)
+        result.meta.setdefault("tool", name)
+        result.meta["ms"] = round((time.perf_counter() - start) * 1000, 3)
+        if len(result.output) > MAX_OUTPUT_CHARS:
+            cut = len(result.output) - MAX_OUTPUT_CHARS
+            result.output = result.output[:MAX_OUTPUT_CHARS] + f"\n[... {cut} more characters cut]"
+        return result
+
+    async def _call(self, name: str, arguments: str | dict | None, ctx: ToolContext) -> ToolResult:
+        t = self._tools.get(name)
+        if t is None:
+            return _error("unknown_tool", f"there is no tool {name!r}; the tools are: "
+                                          f"{', '.join(self._tools)}.")
+        try:
+            kwargs = t.bind(_parse_arguments(arguments, t))
+        except ArgumentError as exc:
+            return _error("arguments", str(exc))
+        try:
+            if t.is_async:
+                output = await t.fn(ctx, **kwargs)
+            else:
+                output = await asyncio.to_thread(t.fn, ctx, **kwargs)
+        except asyncio.CancelledError:
+            raise
+        except OSError as exc:
+            return _error("refused", f"{name}: {_describe_os_error(exc, ctx)}")
+        except ValueError as exc:  # ToolError, PathEscape, JournalConflict, ...
+            return _error("refused", f"{name}: {exc}")
+        except Exception as exc:
+            logger.exception("tool %s failed with arguments %r", name, kwargs)
+            return _error("internal", f"{name} failed inside the harness ({type(exc).__name__}: "
+                                      f"{exc}). This is not your mistake; try another way.")
+        if isinstance(output, ToolResult):
+            return output
+        return ToolResult(True, str(output))
+
+
+def default_registry() -> Registry:
+    """A fresh Registry holding every tool of TOOL_MODULES."""
+    registry = Registry()
+    for module_name in TOOL_MODULES:
+        registry.register_module(importlib.import_module(module_name))
+    return registry
+
+
+def _error(kind: str, message: str) -> ToolResult:
+    return ToolResult(False, message, {"error": kind})
+
+
+def _parse_arguments(arguments: str | dict | None, t: Tool) -> dict:
+    if arguments is None:
+        return {}
+    if isinstance(arguments, str):
+        if not arguments.strip():  # small models send "" for tools without arguments
+            return {}
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise ArgumentError(f"the arguments for {t.name} are not valid JSON ({exc.msg} at "
+                                f"character {exc.pos}); send one JSON object, e.g. for "
+                                f"{t.usage()}.") from None
+    if not isinstance(arguments, dict):
+        raise ArgumentError(f"the arguments for {t.name} must be a JSON object, not "
+                            f"{type(arguments).__name__}; call it as {t.usage()}.")
+    return arguments
+
+
+def _describe_os_error(exc: OSError, ctx: ToolContext) -> str:
+    """The error without host paths: the model knows its files by workspace-relative names."""
+    reason = exc.strerror or str(exc)
+    if not exc.filename:
+        return reason
+    try:
+        where = ctx.workspace.relative(Path(exc.filename))
+    except (ValueError, AttributeError):
+        where = Path(str(exc.filename)).name
+    return f"{reason}: {where}"
+
+
+# --- type hints: schema and checks -------------------------------------------------------
+
+
+def _is_optional(hint: Any) -> bool:
+    return get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
+
+
+def _inner(hint: Any) -> Any:
+    """X for Optional[X]; raises for other unions."""
+    rest = [a for a in get_args(hint) if a is not type(None)]
+    if len(rest) != 1:
+        raise TypeError(f"unsupported union {hint}")
+    return rest[0]
+
+
+def _json_type(hint: Any) -> dict:
+    if _is_optional(hint):
+        return _json_type(_inner(hint))
+    simple = {str: "string", bool: "boolean", int: "integer", float: "number"}
+    if hint in simple:
+        return {"type": simple[hint]}
+    if get_origin(hint) is list and get_args(hint) == (str,):
+        return {"type": "array", "items": {"type": "string"}}
+    if get_origin(hint) is Literal:
+        choices = get_args(hint)
+        kinds = {type(c) for c in choices}
+        if kinds == {str}:
+            return {"type": "string", "enum": list(choices)}
+        if kinds == {int}:
+            return {"type": "integer", "enum": list(choices)}
+    raise TypeError(f"unsupported tool parameter type {hint!r}")
+
+
+def _type_word(hint: Any) -> str:
+    if _is_optional(hint):
+        return _type_word(_inner(hint))
+    if get_origin(hint) is Literal:
+        return " | ".join(json.dumps(c) for c in get_args(hint))
+    return {str: "string", bool: "boolean", int: "integer", float: "number"}.get(hint, "list of strings")
+
+
+def _check(value: Any, hint: Any) -> Any:
+    """``value`` as the hint's type, or ArgumentError("<expected>; got <what>")."""
+    if _is_optional(hint):
+        return None if value is None else _check(value, _inner(hint))
+    got = f"{_kind(value)} {_preview(value)}"
+    if hint is str and isinstance(value, str):
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ArgumentError(f"true or false; got {got}")
+    if hint is int:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
+            return int(value)  # small models quote numbers; the intent is clear
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ArgumentError(f"an integer; got {got}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ArgumentError(f"a number; got {got}")
+    if get_origin(hint) is list:
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return value
+        raise ArgumentError(f"a list of strings; got {got}")
+    if get_origin(hint) is Literal:
+        if value in get_args(hint) and type(value) in {type(c) for c in get_args(hint)}:
+            return value
+        raise ArgumentError(f"one of {', '.join(json.dumps(c) for c in get_args(hint))}; got {got}")
+    raise ArgumentError(f"{_type_word(hint)}; got {got}")
+
+
+def _kind(value: Any) -> str:
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
+            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (str, int, float, bool, list, dict)) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- docstrings ---------------------------------------------------------------------------
+
+_SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields|Examples?|Notes?):\s*$")
+_ARG_LINE = re.compile(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """The description (text before the first section) and the Args: descriptions."""
+    lines = inspect.cleandoc(fn.__doc__ or "").splitlines()
+    description: list[str] = []
+    args: dict[str, str] = {}
+    section = None
+    current = None
+    args_indent = 0
+    for line in lines:
+        header = _SECTION.match(line)
+        if header:
+            section = header.group(1)
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments") and line.strip():
+            match = _ARG_LINE.match(line.strip())
+            indent = len(line) - len(line.lstrip())
+            if match and (current is None or indent <= args_indent):
+                current, args_indent = match.group(1), indent
+                args[current] = match.group(2).strip()
+            elif current is not None:
+                args[current] = f"{args[current]} {line.strip()}".strip()
+    return "\n".join(description).strip(), args

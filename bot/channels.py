@@ -1,0 +1,137 @@
+"""Channel workers: one bounded queue and one task per channel.
+
+Messages to one channel are handled in order; different channels run
+concurrently. Serialising per channel (not globally) is what keeps a channel's
+tool calls from ever seeing another channel's results or workspace: each turn
+runs with its own channel's tool context, one at a time.
+
+Also here: the stray end-of-turn detector. A small model often ends its turn
+with "I'll now write the file:" and stops. The detector flags such replies; the
+agent is then asked "Did you mean to end your turn?" and, if it says no, it
+continues. The event is stored for the night, where it earns a negative
+advantage on that message's last token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Protocol
+
+logger = logging.getLogger("nightshift.channels")
+
+
+class Busy(Exception):
+    """The channel's queue is full."""
+
+    def __init__(self, channel: str, size: int) -> None:
+        super().__init__(f"#{channel} is busy: {size} messages are already waiting. "
+                         "Please try again in a moment.")
+
+
+# -- stray end-of-turn --------------------------------------------------------
+
+
+class StrayDetector(Protocol):
+    def flag(self, reply: str, tool_steps: int) -> str | None:
+        """Why ``reply`` looks like an unintended end of turn, or None."""
+
+
+_PROMISE = re.compile(
+    r"(^|[.!?]\s+|\n)\s*(I'll|I will|I am going to|I'm going to|Let me|Now I will|Next,? I will)\b",
+    re.IGNORECASE)
+_CLAIM = re.compile(
+    r"\bI(?: have|'ve)\s+(?:now\s+)?(created|written|saved|run|executed|updated|deleted|edited)\b",
+    re.IGNORECASE)
+
+
+class RuleStrayDetector:
+    """Rule-based first version; a learned classifier can replace it behind the Protocol."""
+
+    def flag(self, reply: str, tool_steps: int) -> str | None:
+        text = reply.strip()
+        if not text:
+            return None
+        if text.endswith(":"):
+            return "ends on a colon"
+        tail = text[-300:]
+        if _PROMISE.search(tail) and not tail.rstrip().endswith("?"):
+            return "promises work it has not done"
+        if tool_steps == 0 and _CLAIM.search(text):
+            return "announces work it did not do (no tool was called)"
+        return None
+
+
+# -- workers --------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    text: str
+    speaker: str
+    future: asyncio.Future = field(repr=False)
+
+
+Handler = Callable[[str, str, str], Awaitable[object]]
+
+
+class ChannelWorkers:
+    """Owns one queue and one worker task per channel, and cancels them on close."""
+
+    def __init__(self, handle: Handler, queue_size: int = 16) -> None:
+        self._handle = handle
+        self._queue_size = queue_size
+        self._queues: dict[str, asyncio.Queue[_Job]] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._closed = False
+
+    def queue_sizes(self) -> dict[str, int]:
+        return {channel: queue.qsize() for channel, queue in self._queues.items()}
+
+    async def submit(self, channel: str, text: str, speaker: str = "user") -> object:
+        """Queue a message and wait for its turn's result. Raises Busy when full."""
+        return await self.enqueue(channel, text, speaker)
+
+    def enqueue(self, channel: str, text: str, speaker: str = "user") -> asyncio.Future:
+        """Queue a message; the future resolves to the turn's result."""
+        if self._closed:
+            raise RuntimeError("channel workers are closed")
+        queue = self._queues.get(channel)
+        if queue is None:
+            queue = self._queues[channel] = asyncio.Queue(self._queue_size)
+            self._tasks[channel] = asyncio.create_task(self._work(channel, queue),
+                                                       name=f"channel:{channel}")
+        future = asyncio.get_running_loop().create_future()
+        try:
+            queue.put_nowait(_Job(text, speaker, future))
+        except asyncio.QueueFull:
+            raise Busy(channel, queue.qsize()) from None
+        return future
+
+    async def _work(self, channel: str, queue: asyncio.Queue[_Job]) -> None:
+        while True:
+            job = await queue.get()
+            try:
+                if not job.future.cancelled():
+                    job.future.set_result(await self._handle(channel, job.text, job.speaker))
+            except asyncio.CancelledError:
+                job.future.cancel()
+                raise
+            except Exception as exc:  # one failed turn must not stop the channel
+                logger.exception("turn failed in #%s", channel)
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            finally:
+                queue.task_done()
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for queue in self._queues.values():
+            while not queue.empty():
+                queue.get_nowait().future.cancel()
+        self._tasks.clear()

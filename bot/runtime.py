@@ -1,0 +1,95 @@
+"""Everything a front end talks to, built once and closed in reverse order.
+
+The Discord and console front ends both hold one Runtime: the store, the
+supervised model server, the LLM client, the tool registry, each channel's
+tool context (workspace, journal, private state) and the channel workers.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bot.agent import Agent, TurnResult
+from bot.channels import ChannelWorkers, RuleStrayDetector
+from bot.config import Config
+from bot.llm import LLM
+from bot.server import ServerSupervisor
+from bot.store import Store
+from sandbox.paths import workspace_for
+from tools import Registry, ToolContext, default_registry
+from tools.system import read_sys_section
+
+logger = logging.getLogger("nightshift")
+
+
+class ChannelSpaces:
+    """One ToolContext per channel, made on first use and kept (its journal is live)."""
+
+    def __init__(self, data_dir: Path, **services: Any) -> None:
+        self.data_dir = data_dir
+        self.services = services
+        self._contexts: dict[str, ToolContext] = {}
+
+    def context(self, channel: str) -> ToolContext:
+        ctx = self._contexts.get(channel)
+        if ctx is None:
+            workspace = workspace_for(self.data_dir / "workspaces", channel)
+            state_dir = self.data_dir / "channels" / workspace.root.name
+            outbox: list[str] = []
+            ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
+                                   send_file=outbox.append, **self.services)
+            self._contexts[channel] = ctx
+        return ctx
+
+    def sys_section(self, channel: str) -> str:
+        return read_sys_section(self.context(channel).state_dir)
+
+
+@dataclass
+class Runtime:
+    config: Config
+    store: Store
+    supervisor: ServerSupervisor
+    llm: LLM
+    registry: Registry
+    spaces: ChannelSpaces
+    agent: Agent
+    workers: ChannelWorkers
+    _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
+
+    @classmethod
+    async def start(cls, config: Config, *, supervisor: ServerSupervisor | None = None,
+                    llm: Any = None, start_server: bool = True) -> Runtime:
+        """Open the store, start (or adopt) the server, and wire the agent."""
+        stack = AsyncExitStack()
+        try:
+            store = await Store.open(config.store_path)
+            stack.push_async_callback(store.close)
+            supervisor = supervisor or ServerSupervisor(config)
+            if start_server:
+                stack.push_async_callback(supervisor.stop)
+                await supervisor.start()
+            if llm is None:
+                llm = LLM(config, supervisor)
+                stack.push_async_callback(llm.close)
+            registry = default_registry()
+            spaces = ChannelSpaces(config.data_dir)
+            agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
+                          stray=RuleStrayDetector())
+            workers = ChannelWorkers(agent.turn, config.agent.queue_size)
+            stack.push_async_callback(workers.close)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return cls(config, store, supervisor, llm, registry, spaces, agent, workers, stack)
+
+    async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
+        """Queue a message on its channel and wait for the reply (raises channels.Busy)."""
+        return await self.workers.submit(channel, text, speaker)
+
+    async def close(self) -> None:
+        await self._stack.aclose()
