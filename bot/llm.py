@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import openai
 
 from bot.config import Config
+from bot.wire import needs_tool_choice, server_messages
 
 logger = logging.getLogger("nightshift.llm")
 
@@ -124,7 +125,9 @@ class LLM:
         **kw: Any,
     ) -> Reply:
         """One chat completion; extra keywords go to the server unchanged."""
-        params: dict[str, Any] = {"model": self.config.model.alias, "messages": messages, **kw}
+        chat_format = self.config.model.chat_format
+        params: dict[str, Any] = {"model": self.config.model.alias,
+                                  "messages": server_messages(messages, chat_format), **kw}
         optional = {
             "tools": tools,
             "response_format": response_format,
@@ -132,6 +135,21 @@ class LLM:
             "temperature": temperature,
         }
         params.update({k: v for k, v in optional.items() if v is not None})
+        if tools and needs_tool_choice(chat_format):
+            params.setdefault("tool_choice", "auto")
+        reply = await self._complete(params)
+        if (tools and params.get("tool_choice") == "auto" and needs_tool_choice(chat_format)
+                and not reply.tool_calls and not reply.content.strip()):
+            # The model chose to answer in words, which this format returns empty (see
+            # bot.wire); ask again for the words, with the same conversation.
+            answer = await self._complete({**params, "tool_choice": "none"})
+            answer.duration_ms += reply.duration_ms
+            answer.prompt_tokens += reply.prompt_tokens
+            answer.completion_tokens += reply.completion_tokens
+            return answer
+        return reply
+
+    async def _complete(self, params: dict[str, Any]) -> Reply:
         for attempt in range(1, self.attempts + 1):
             client = self._current_client()
             started = time.monotonic()

@@ -206,3 +206,42 @@ async def test_a_server_that_never_becomes_ready_surfaces_as_llm_error(free_port
 def test_reply_is_a_plain_dataclass():
     reply = Reply(content="x")
     assert json.loads(json.dumps(reply.__dict__))["content"] == "x"
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+
+
+async def test_function_calling_format_sends_tool_choice_auto_and_converts_tool_messages(scripted):
+    server = await scripted([(200, completion("fine"))])
+    messages = [
+        {"role": "user", "content": "add"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "5"},
+    ]
+    async with LLM(config(), base_url=server.url) as llm:
+        await llm.chat(messages, tools=TOOLS)
+    body = server.requests[0]
+    assert body["tool_choice"] == "auto"
+    assert body["messages"][1]["content"] == ""
+    assert body["messages"][2] == {"role": "user", "content": "Result of add:\n5"}
+    assert messages[2]["role"] == "tool"  # the caller's list is untouched
+
+
+async def test_an_empty_auto_answer_is_asked_again_without_tools(scripted):
+    server = await scripted([(200, completion("")), (200, completion("Hello there."))])
+    async with LLM(config(), base_url=server.url) as llm:
+        reply = await llm.chat([{"role": "user", "content": "hi"}], tools=TOOLS)
+    assert reply.content == "Hello there."
+    assert [r["tool_choice"] for r in server.requests] == ["auto", "none"]
+    assert reply.prompt_tokens == 22  # both requests are counted
+
+
+async def test_other_chat_formats_are_sent_unchanged(scripted):
+    server = await scripted([(200, completion(""))])
+    cfg = Config.model_validate({"model": {"chat_format": "chatml"}})
+    tool_message = {"role": "tool", "tool_call_id": "c1", "content": "5"}
+    async with LLM(cfg, base_url=server.url) as llm:
+        await llm.chat([tool_message], tools=TOOLS)
+    assert "tool_choice" not in server.requests[0] and len(server.requests) == 1
+    assert server.requests[0]["messages"] == [tool_message]

@@ -339,9 +339,11 @@ def _check(value: Any, hint: Any) -> Any:
     """``value`` as the hint's type, or ArgumentError("<expected>; got <what>")."""
     if _is_optional(hint):
         return None if value is None else _check(value, _inner(hint))
-    got = f"{_kind(value)} {_preview(value)}"
-    if hint is str and isinstance(value, str):
-        return value
+    got = "null" if value is None else f"{_kind(value)} {_preview(value)}"
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ArgumentError(f"a string; got {got}")
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -380,7 +382,8 @@ def _kind(value: Any) -> str:
 
 
 def _preview(value: Any) -> str:
-    text = json.dumps(value) if isinstance(value, (str, int, float, bool, list, dict)) else repr(value)
+    simple = (str, int, float, bool, list, dict, type(None))
+    text = json.dumps(value, default=repr) if isinstance(value, simple) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -413,4 +416,6 @@ def _parse_docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
                 args[current] = match.group(2).strip()
             elif current is not None:
                 args[current] = f"{args[current]} {line.strip()}".strip()
-    return "\n".join(description).strip(), args
+    # Hard-wrapped lines become one paragraph; blank lines still separate paragraphs.
+    text = re.sub(r"(?<!\n)\n(?!\n)", " ", "\n".join(description).strip())
+    return text, args

@@ -1,0 +1,44 @@
+"""Messages as the local server needs them, for the chat formats that need help.
+
+llama-cpp-python's ``chatml-function-calling`` format (checked with 0.3.36):
+- renders no tools at all unless ``tool_choice`` is given, so ``auto`` is sent;
+- has no template branch for ``tool`` messages (their content is dropped), so
+  tool observations are sent as user messages naming the tool;
+- refuses an assistant message whose content is null;
+- under ``auto``, constrains a plain answer with the tool-name grammar, so the
+  answer comes back empty: the LLM client then asks again with ``tool_choice``
+  ``none``, which renders the same conversation without the tool list.
+
+The store keeps the conversation in OpenAI's shape; this module only changes
+what goes over the wire, in one place, so the night can render it the same way.
+"""
+
+from __future__ import annotations
+
+FUNCTION_CALLING = "chatml-function-calling"
+TOOL_RESULT_PREFIX = "Result of {name}:\n"
+
+
+def server_messages(messages: list[dict], chat_format: str) -> list[dict]:
+    """The request's messages for ``chat_format`` (a new list; inputs untouched)."""
+    if chat_format != FUNCTION_CALLING:
+        return messages
+    out = []
+    for message in messages:
+        role = message.get("role")
+        if role == "tool":
+            name = message.get("name") or "the tool"
+            out.append({"role": "user",
+                        "content": TOOL_RESULT_PREFIX.format(name=name) + (message.get("content") or "")})
+        elif role == "assistant":
+            fixed = {"role": "assistant", "content": message.get("content") or ""}
+            if message.get("tool_calls"):
+                fixed["tool_calls"] = message["tool_calls"]
+            out.append(fixed)
+        else:
+            out.append(message)
+    return out
+
+
+def needs_tool_choice(chat_format: str) -> bool:
+    return chat_format == FUNCTION_CALLING

@@ -1,0 +1,197 @@
+"""The registry: schemas from hints and docstrings, argument checks, and errors as observations."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from sandbox.paths import Workspace
+from tools import (MAX_OUTPUT_CHARS, Registry, ToolContext, ToolError, ToolResult, default_registry,
+                   tool)
+
+
+@tool
+def greet(ctx: ToolContext, name: str, times: int = 1, loud: bool = False,
+          tone: Literal["warm", "dry"] = "warm", tags: list[str] | None = None,
+          weight: float | None = None) -> str:
+    """Greet someone.
+
+    Longer text that stays in the description.
+
+    Args:
+        name: Who to greet.
+        times: How often,
+            wrapped onto a second line.
+        loud: Shout or not.
+        tone: The tone.
+        tags: Labels to add.
+        weight: Any number.
+    """
+    return f"{'HI' if loud else 'hi'} {name} x{times} {tone} {tags or []} {weight} {threading.current_thread().name}"
+
+
+@tool
+async def fails(ctx: ToolContext, kind: str) -> str:
+    """Fail in the way asked.
+
+    Args:
+        kind: refuse, oserror, bug, or huge.
+    """
+    if kind == "refuse":
+        raise ToolError("no, because reasons")
+    if kind == "oserror":
+        raise PermissionError(13, "Permission denied", str(ctx.workspace.root / "secret.txt"))
+    if kind == "bug":
+        raise TypeError("'NoneType' object is not subscriptable")
+    if kind == "meta":
+        return ToolResult(True, "with meta", {"files": ["a.png"]})
+    return "x" * (MAX_OUTPUT_CHARS + 500)
+
+
+@pytest.fixture
+def registry() -> Registry:
+    registry = Registry()
+    registry.register(greet)
+    registry.register(fails)
+    return registry
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state", embedder="e", extra=1)
+
+
+def test_schema_comes_from_hints_and_the_args_section():
+    function = greet.schema()["function"]
+    assert function["name"] == "greet"
+    assert function["description"] == "Greet someone.\n\nLonger text that stays in the description."
+    props = function["parameters"]["properties"]
+    assert props["name"] == {"type": "string", "description": "Who to greet."}
+    assert props["times"] == {"type": "integer", "description": "How often, wrapped onto a second line.",
+                              "default": 1}
+    assert props["loud"]["type"] == "boolean"
+    assert props["tone"]["enum"] == ["warm", "dry"]
+    assert props["tags"] == {"type": "array", "items": {"type": "string"}, "description": "Labels to add."}
+    assert props["weight"]["type"] == "number" and "default" not in props["weight"]
+    assert function["parameters"]["required"] == ["name"]
+    assert "ctx" not in props
+
+
+def test_decoration_refuses_undocumented_untyped_or_unsupported_parameters():
+    with pytest.raises(TypeError, match="not documented"):
+        @tool
+        def undocumented(ctx: ToolContext, x: int) -> str:
+            """Does things."""
+    with pytest.raises(TypeError, match="no type hint"):
+        @tool
+        def untyped(ctx: ToolContext, x) -> str:
+            """Does things.
+
+            Args:
+                x: A thing.
+            """
+    with pytest.raises(TypeError, match="unsupported"):
+        @tool
+        def dict_param(ctx: ToolContext, x: dict) -> str:
+            """Does things.
+
+            Args:
+                x: A thing.
+            """
+    with pytest.raises(TypeError, match="first parameter must be ctx"):
+        @tool
+        def no_ctx(x: int) -> str:
+            """Does things.
+
+            Args:
+                x: A thing.
+            """
+
+
+async def test_call_validates_and_runs_sync_tools_off_the_event_loop(registry, ctx):
+    result = await registry.call("greet", '{"name": "Ada", "times": "3", "tags": ["a"], "weight": 2}', ctx)
+    assert result.ok
+    assert result.output.startswith("hi Ada x3 warm ['a'] 2.0 ")
+    assert threading.current_thread().name not in result.output  # ran in a worker thread
+    assert result.meta["tool"] == "greet" and result.meta["ms"] >= 0
+
+
+async def test_model_mistakes_come_back_as_clear_errors(registry, ctx):
+    unknown = await registry.call("gret", {}, ctx)
+    assert not unknown.ok and unknown.meta["error"] == "unknown_tool"
+    assert "the tools are: greet, fails" in unknown.output
+    bad_json = await registry.call("greet", '{"name": "Ada",', ctx)
+    assert not bad_json.ok and "not valid JSON" in bad_json.output
+    missing = await registry.call("greet", {}, ctx)
+    assert "missing required argument 'name'" in missing.output and "greet(name: string" in missing.output
+    extra = await registry.call("greet", {"name": "a", "color": "red"}, ctx)
+    assert "no argument 'color'" in extra.output and "name, times, loud" in extra.output
+    mistyped = await registry.call("greet", {"name": "a", "times": "often"}, ctx)
+    assert "argument 'times' must be an integer; got string \"often\"" in mistyped.output
+    choice = await registry.call("greet", {"name": "a", "tone": "cold"}, ctx)
+    assert 'one of "warm", "dry"; got string "cold"' in choice.output
+    boolean = await registry.call("greet", {"name": "a", "loud": 1}, ctx)
+    assert "'loud' must be true or false" in boolean.output
+    assert all(r.meta["error"] == "arguments" for r in (bad_json, missing, extra, mistyped, choice, boolean))
+
+
+async def test_tool_refusals_and_os_errors_are_observations_without_host_paths(registry, ctx):
+    refused = await registry.call("fails", {"kind": "refuse"}, ctx)
+    assert refused == ToolResult(False, "fails: no, because reasons", refused.meta)
+    os_error = await registry.call("fails", {"kind": "oserror"}, ctx)
+    assert not os_error.ok and os_error.output == "fails: Permission denied: secret.txt"
+
+
+async def test_a_bug_in_a_tool_is_logged_and_returned_not_raised(registry, ctx, caplog):
+    with caplog.at_level(logging.ERROR, logger="nightshift.tools"):
+        result = await registry.call("fails", {"kind": "bug"}, ctx)
+    assert not result.ok and result.meta["error"] == "internal"
+    assert "TypeError" in result.output and "not your mistake" in result.output
+    assert "tool fails failed" in caplog.text
+
+
+async def test_outputs_are_capped_and_tool_results_pass_through(registry, ctx):
+    huge = await registry.call("fails", {"kind": "huge"}, ctx)
+    assert len(huge.output) < MAX_OUTPUT_CHARS + 100 and "500 more characters cut" in huge.output
+    meta = await registry.call("fails", {"kind": "meta"}, ctx)
+    assert meta.ok and meta.meta["files"] == ["a.png"]
+
+
+async def test_cancellation_propagates(ctx):
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Sleep for a long time."""
+        await asyncio.sleep(60)
+        return "done"
+
+    registry = Registry()
+    registry.register(slow)
+    task = asyncio.create_task(registry.call("slow", {}, ctx))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_registering_a_name_twice_is_a_harness_bug(registry):
+    with pytest.raises(ValueError, match="twice"):
+        registry.register(greet)
+
+
+def test_default_registry_is_fresh_each_time_and_holds_every_module(ctx):
+    first, second = default_registry(), default_registry()
+    assert first is not second and first.names() == second.names()
+    for name in ("read_file", "edit_file", "grep", "outline", "undo", "redo", "fill_recipe", "update_sys"):
+        assert name in first.names()
+    assert len(first.schemas()) == len(first.names())
+
+
+def test_tool_context_open_builds_the_journal_and_keeps_services(ctx, tmp_path):
+    assert ctx.journal.state_dir == (tmp_path / "state").resolve()
+    assert ctx.embedder == "e" and ctx.services == {"extra": 1}
+    assert ctx.send_file is None
