@@ -23,15 +23,12 @@ Server kinds sit behind the small ``ServerKind`` protocol: ``llama-cpp-python``
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Protocol
 
 import httpx
 
@@ -46,121 +43,16 @@ _LOG_ROTATE_BYTES = 10 * 1024 * 1024
 _BUSY_CPU_S = 0.05  # CPU seconds over a canary window that mean "working, not wedged"
 
 
-class ServerStartError(RuntimeError):
-    """The server could not be started or never became ready; the message has the log tail."""
+from bot.server_kinds import (  # noqa: E402 - re-exported for callers of bot.server
+    SERVER_KINDS,
+    ServerKind,
+    ServerNotReady,
+    ServerStartError,
+    server_kind,
+)
 
-
-class ServerNotReady(TimeoutError):
-    """``wait_ready`` ran out of time."""
-
-
-# ---------------------------------------------------------------- server kinds
-
-
-class ServerKind(Protocol):
-    name: str
-    spawns: bool  # False: someone else runs the server; never start or signal it
-
-    def check(self, config: Config, gguf: Path) -> None:
-        """Raise ServerStartError naming the fix if this kind cannot start."""
-
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
-        """The argv that serves ``gguf`` on ``host:port``."""
-
-
-class LlamaCppPython:
-    name = "llama-cpp-python"
-    spawns = True
-
-    def check(self, config: Config, gguf: Path) -> None:
-        # find_spec, not import: llama_cpp loads a large native library we only need in the child.
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise ServerStartError(
-                "server.kind = llama-cpp-python but llama_cpp is not installed in "
-                f"{sys.executable}. Fix: pip install 'llama-cpp-python[server]'."
-            )
-        _check_gguf(gguf)
-
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
-        argv = [
-            sys.executable, "-m", "llama_cpp.server",
-            "--model", str(gguf),
-            "--host", host,
-            "--port", str(port),
-            "--chat_format", config.model.chat_format,
-            "--n_ctx", str(config.model.context_tokens),
-            "--model_alias", config.model.alias,
-        ]  # fmt: skip
-        if config.server.threads > 0:
-            argv += ["--n_threads", str(config.server.threads)]
-        return argv + list(config.server.extra_args)
-
-
-class LlamaServer:
-    name = "llama-server"
-    spawns = True
-
-    def check(self, config: Config, gguf: Path) -> None:
-        binary = config.server.binary
-        if binary is None or not os.access(binary, os.X_OK):
-            raise ServerStartError(
-                f"server.binary = {binary} is not an executable. "
-                "Fix: point it at llama.cpp's llama-server binary."
-            )
-        _check_gguf(gguf)
-
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
-        argv = [
-            str(config.server.binary),
-            "-m", str(gguf),
-            "--host", host,
-            "--port", str(port),
-            "-c", str(config.model.context_tokens),
-            "--alias", config.model.alias,
-            "--jinja",  # the GGUF's own chat template, which carries tool calling
-        ]  # fmt: skip
-        if config.server.threads > 0:
-            argv += ["-t", str(config.server.threads)]
-        return argv + list(config.server.extra_args)
-
-
-class ExternalServer:
-    name = "external"
-    spawns = False
-
-    def check(self, config: Config, gguf: Path) -> None:
-        if not config.server.endpoint:
-            raise ServerStartError(
-                "server.kind = external needs server.endpoint. "
-                "Fix: set it to the server's URL, e.g. http://127.0.0.1:8080/v1."
-            )
-
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
-        raise ServerStartError("an external server is started by the user, never by Nightshift")
-
-
-# Lazy by construction: no kind imports its backend here; llama_cpp loads only in the child.
-SERVER_KINDS: dict[str, type[ServerKind]] = {
-    "llama-cpp-python": LlamaCppPython,
-    "llama-server": LlamaServer,
-    "external": ExternalServer,
-}
-
-
-def server_kind(name: str) -> ServerKind:
-    try:
-        return SERVER_KINDS[name]()
-    except KeyError:
-        known = ", ".join(SERVER_KINDS)
-        raise ServerStartError(f"server.kind = {name!r} is unknown. Fix: use one of {known}.")
-
-
-def _check_gguf(gguf: Path) -> None:
-    if not gguf.is_file():
-        raise ServerStartError(
-            f"the model file {gguf} does not exist. Fix: run `make model` (the setup step "
-            "that converts the embedded model) or set model.gguf to an existing .gguf file."
-        )
+__all__ = ["SERVER_KINDS", "ServerKind", "ServerNotReady", "ServerStartError",
+           "ServerSupervisor", "server_kind"]
 
 
 # ---------------------------------------------------------------- supervisor

@@ -19,11 +19,11 @@ def ctx(tmp_path: Path) -> ToolContext:
     return ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state")
 
 
-async def call(ctx: ToolContext, name: str, **arguments):
+async def call(ctx: ToolContext, name: str, /, **arguments):
     return await REGISTRY.call(name, arguments, ctx)
 
 
-async def ok(ctx: ToolContext, name: str, **arguments) -> str:
+async def ok(ctx: ToolContext, name: str, /, **arguments) -> str:
     result = await call(ctx, name, **arguments)
     assert result.ok, result.output
     return result.output

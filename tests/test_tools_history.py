@@ -28,7 +28,7 @@ def ctx(tmp_path: Path) -> ToolContext:
     return make_ctx(tmp_path)
 
 
-async def ok(ctx: ToolContext, name: str, **arguments) -> str:
+async def ok(ctx: ToolContext, name: str, /, **arguments) -> str:
     result = await REGISTRY.call(name, arguments, ctx)
     assert result.ok, result.output
     return result.output

@@ -47,15 +47,24 @@ def rel(ctx: ToolContext, path: Path) -> str:
 def lexical(ctx: ToolContext, path: str) -> Path:
     """Like ``resolve``, but a link as the last component stays the link, not its target.
 
-    Deleting a link must remove the link, never what it points to.
+    Deleting a link must remove the link, never what it points to; a link
+    leading out of the workspace may be inspected and deleted, not followed.
     """
-    norm = posixpath.normpath(path)
-    parent, name = posixpath.split(norm)
+    try:
+        resolved, refusal = resolve(ctx, path), None
+    except ValueError as exc:  # PathEscape: re-raised below unless the path names a link
+        resolved, refusal = None, exc
+    parent, name = posixpath.split(posixpath.normpath(path))
     if name not in ("", ".", ".."):
-        candidate = resolve(ctx, parent or ".") / name
-        if candidate.is_symlink():
+        try:
+            candidate = resolve(ctx, parent or ".") / name
+        except ValueError:
+            candidate = None
+        if candidate is not None and candidate.is_symlink():
             return candidate
-    return resolve(ctx, path)
+    if refusal is not None:
+        raise refusal
+    return resolved
 
 
 def is_binary(head: bytes) -> bool:

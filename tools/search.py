@@ -215,13 +215,16 @@ def outline(ctx: ToolContext, path: str) -> str:
 def _outline_body(body: list[ast.stmt], level: int, lines: list[str]) -> None:
     for node in body:
         indent = "    " * level
-        span = f"[{node.lineno}-{getattr(node, 'end_lineno', node.lineno)}]" if hasattr(node, "lineno") else ""
-        decorators = "".join(f"@{ast.unparse(d)} " for d in getattr(node, "decorator_list", []))
+        if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])  # decorators belong to it
+        span = f"[{start}-{node.end_lineno}]"
+        decorators = "".join(f"@{ast.unparse(d)} " for d in node.decorator_list)
         if isinstance(node, ast.ClassDef):
             bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
             lines.append(f"{indent}{decorators}class {node.name}{f'({bases})' if bases else ''}  {span}")
             _outline_body(node.body, level + 1, lines)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        else:
             prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
             returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
             lines.append(f"{indent}{decorators}{prefix} {node.name}({ast.unparse(node.args)}){returns}  {span}")

@@ -1,0 +1,105 @@
+"""Who the Discord bot answers, and where: a pure policy over the config.
+
+The rules follow llmcord's: an empty allow list allows everyone (or every
+channel), a block always wins, and direct messages follow ``allow_dms``.
+Admins pass the allow lists (so a locked-down server can still be run by
+them) but not the block lists. Roles count only in servers; in a direct
+message there are none. A channel matches a list by its own id, its parent's
+(a thread's channel) or its category's.
+
+Nothing here touches the network, so every rule is tested with plain values.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from bot import admin
+from bot.config import Config
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a message or reaction came from, as the policy needs it."""
+
+    user_id: int
+    role_ids: frozenset[int]
+    channel_ids: frozenset[int]  # the channel, its parent and its category
+    is_dm: bool
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who runs a command, and in which agent channel (its key)."""
+
+    user_id: int
+    role_ids: tuple[int, ...]
+    channel: str
+    name: str
+
+
+def channel_key(channel: Any, user_id: int) -> str:
+    """The agent's channel key: the Discord channel id, or ``dm-<user id>`` for a DM.
+
+    Keying DMs by the user (not the DM channel id) keeps one person's private
+    workspace the same whichever DM channel object Discord hands us.
+    """
+    if getattr(channel, "guild", None) is None:
+        return f"dm-{user_id}"
+    return str(channel.id)
+
+
+def role_ids(user: Any) -> tuple[int, ...]:
+    """A Member's role ids; a plain User (a DM) has none."""
+    return tuple(role.id for role in getattr(user, "roles", ()) or ())
+
+
+def channel_ids(channel: Any) -> frozenset[int]:
+    ids = {getattr(channel, "id", None), getattr(channel, "parent_id", None),
+           getattr(channel, "category_id", None)}
+    return frozenset(i for i in ids if i is not None)
+
+
+def origin_of(user: Any, channel: Any) -> Origin:
+    return Origin(user.id, frozenset(role_ids(user)), channel_ids(channel),
+                  getattr(channel, "guild", None) is None)
+
+
+def caller_of(user: Any, channel: Any) -> Caller:
+    return Caller(user.id, role_ids(user), channel_key(channel, user.id), f"{user} ({user.id})")
+
+
+def is_allowed(config: Config, origin: Origin) -> bool:
+    """Whether the bot may answer this user in this channel (block lists win)."""
+    d = config.discord
+    if origin.user_id in d.blocked_user_ids or origin.role_ids & set(d.blocked_role_ids):
+        return False
+    if origin.channel_ids & set(d.blocked_channel_ids):
+        return False
+    if admin.is_admin(config, origin.user_id, origin.role_ids):
+        return True
+    if origin.is_dm:
+        user_ok = not d.allowed_user_ids or origin.user_id in d.allowed_user_ids
+        return d.allow_dms and user_ok
+    allow_all_users = not d.allowed_user_ids and not d.allowed_role_ids
+    user_ok = (allow_all_users or origin.user_id in d.allowed_user_ids
+               or bool(origin.role_ids & set(d.allowed_role_ids)))
+    channel_ok = not d.allowed_channel_ids or bool(origin.channel_ids & set(d.allowed_channel_ids))
+    return user_ok and channel_ok
+
+
+def needs_mention(config: Config, origin: Origin) -> bool:
+    """Server channels need a mention unless configured otherwise; DMs never do."""
+    d = config.discord
+    if origin.is_dm or not d.require_mention:
+        return False
+    return not origin.channel_ids & set(d.no_mention_channel_ids)
+
+
+def strip_mentions(content: str, user_ids: Iterable[int]) -> str:
+    """The message text without the bot's own mention (``<@id>`` or ``<@!id>``)."""
+    for user_id in user_ids:
+        content = re.sub(rf"<@!?{user_id}>", "", content)
+    return content.strip()

@@ -1,0 +1,191 @@
+"""Everything that crosses between Discord and a channel's workspace.
+
+Out: replies are split at Discord's 2,000-character limit without breaking
+code blocks; the first chunk replies to the user's message; files the agent
+sent are uploaded from its workspace with the last chunk. In: attachments are
+saved under ``uploads/`` in the workspace, never overwriting a file, and the
+agent is told their names. All user-visible Discord output goes through here
+(one seam), so the agent never knows which front end it speaks through.
+
+There are no retry loops: one client process sends for every channel, and
+discord.py already waits out 429 rate limits for all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import discord
+
+logger = logging.getLogger("nightshift.discord")
+LIMIT = 2000
+MAX_ATTACHMENT_BYTES = 8 * 1024 * 1024  # per file the user sends us
+FILES_PER_MESSAGE = 10  # Discord's limit
+DM_FILE_LIMIT = 10 * 1024 * 1024  # Discord's upload limit outside boosted servers
+UPLOADS = "uploads"
+_UNSAFE = re.compile(r"[^\w.-]+")  # \w is Unicode: letters of any script stay
+
+
+# -- text ------------------------------------------------------------------------
+
+
+def split_reply(text: str, limit: int = LIMIT) -> list[str]:
+    """Chunks of at most ``limit`` characters, cut at line ends where possible.
+    A code block cut in two is closed at the end of one chunk and reopened, with
+    its language, at the start of the next."""
+    close = "\n```"
+    chunks: list[str] = []
+    fence = ""  # the opening fence line (e.g. ```py) while inside a code block
+    current = ""
+    for line in _pieces(text or "(empty reply)", limit - 2 * len(close) - 16):
+        reserve = len(close) if fence else 0
+        if current and len(current) + len(line) + reserve > limit:
+            chunks.append(current.rstrip("\n") + (close if fence else ""))
+            current = fence + "\n" if fence else ""
+        current += line
+        if line.lstrip().startswith("```"):
+            fence = "" if fence else line.strip()
+    if current.strip() and current.strip() != fence:
+        chunks.append(current.rstrip("\n"))
+    return chunks
+
+
+def _pieces(text: str, width: int) -> list[str]:
+    """Lines with their newlines; a line longer than ``width`` is cut into parts."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        out += [line[i:i + width] for i in range(0, len(line), width)]
+    return out
+
+
+def human_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{round(size / 1024)} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+# -- sending -----------------------------------------------------------------------
+
+
+async def send_reply(message: discord.Message, text: str,
+                     files: Sequence[discord.File] = ()) -> list[discord.Message]:
+    """Send ``text`` (split) as a reply to ``message``, then ``files``; return what was sent."""
+    chunks = split_reply(text)
+    batches = [list(files[i:i + FILES_PER_MESSAGE])
+               for i in range(0, len(files), FILES_PER_MESSAGE)]
+    # If the user's message is gone, still answer, just not as a reply to it.
+    reference = message.to_reference(fail_if_not_exists=False)
+    sent = []
+    for i, chunk in enumerate(chunks):
+        extra: dict[str, Any] = {"reference": reference} if i == 0 else {}
+        if i == len(chunks) - 1 and batches:
+            extra["files"] = batches.pop(0)
+        sent.append(await message.channel.send(chunk, **extra))
+    for batch in batches:
+        sent.append(await message.channel.send(files=batch))
+    return sent
+
+
+async def answer_interaction(interaction: discord.Interaction, text: str, *,
+                             ephemeral: bool = False) -> None:
+    """Answer a slash command: a direct response if none was made yet, else followups."""
+    chunks = split_reply(text)
+    if not interaction.response.is_done():
+        await interaction.response.send_message(chunks.pop(0), ephemeral=ephemeral)
+    for chunk in chunks:
+        await interaction.followup.send(chunk, ephemeral=ephemeral)
+
+
+def outgoing_files(workspace: Any, paths: Iterable[str],
+                   limit: int) -> tuple[list[discord.File], list[str]]:
+    """The agent's files to upload, resolved inside its workspace, and a note per file skipped."""
+    files, notes = [], []
+    for rel in dict.fromkeys(paths):
+        try:
+            path = workspace.resolve(rel)
+        except (ValueError, OSError) as exc:
+            notes.append(f"(could not send {rel}: {exc})")
+            continue
+        if not path.is_file():
+            notes.append(f"(could not send {rel}: no such file)")
+            continue
+        size = path.stat().st_size
+        if size > limit:
+            notes.append(f"(could not send {rel}: {human_size(size)} is over Discord's "
+                         f"{human_size(limit)} upload limit here)")
+            continue
+        files.append(discord.File(path, filename=path.name))
+    return files, notes
+
+
+def upload_limit(message: discord.Message) -> int:
+    guild = message.guild
+    return guild.filesize_limit if guild is not None else DM_FILE_LIMIT
+
+
+# -- receiving -----------------------------------------------------------------------
+
+
+def safe_name(filename: str) -> str:
+    """A file name that is plain on every system: no path, no leading dot, at most 100 chars."""
+    name = _UNSAFE.sub("_", os.path.basename(filename.replace("\\", "/"))).lstrip("._")
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    ext = ext[:16]
+    stem = stem[:100 - len(ext) - 1] or "file"
+    return f"{stem}.{ext}" if ext else stem
+
+
+async def save_attachments(attachments: Sequence[discord.Attachment], workspace: Any,
+                           max_bytes: int = MAX_ATTACHMENT_BYTES) -> list[str]:
+    """Save each attachment under ``uploads/``; one line per attachment for the agent."""
+    notes = []
+    for attachment in attachments:
+        name = safe_name(attachment.filename)
+        if attachment.size > max_bytes:
+            notes.append(f"[not saved: {name} ({human_size(attachment.size)}) is over the "
+                         f"{human_size(max_bytes)} limit]")
+            continue
+        try:
+            data = await attachment.read()
+            if len(data) > max_bytes:
+                raise ValueError(f"{human_size(len(data))} is over the {human_size(max_bytes)} limit")
+            rel = await asyncio.to_thread(_write_free, workspace, name, data)
+        except (discord.HTTPException, ValueError, OSError) as exc:
+            logger.warning("attachment %s not saved: %s", name, exc)
+            notes.append(f"[not saved: {name} ({exc})]")
+            continue
+        notes.append(f"[attached: {rel} ({human_size(len(data))})]")
+    return notes
+
+
+def _write_free(workspace: Any, name: str, data: bytes) -> str:
+    """Write ``data`` under a free name in uploads/ and return its workspace path.
+
+    Exclusive creation ("xb") means an existing file (or a symlink planted in
+    its place) is never overwritten, even by two uploads racing for one name.
+    """
+    folder: Path = workspace.resolve(UPLOADS)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem, dot, ext = name.rpartition(".")
+    if not dot:
+        stem, ext = name, ""
+    for n in range(1000):
+        candidate = name if n == 0 else f"{stem}-{n}{'.' + ext if ext else ''}"
+        rel = f"{UPLOADS}/{candidate}"
+        target = workspace.resolve(rel)
+        try:
+            with open(target, "xb") as out:
+                out.write(data)
+        except FileExistsError:
+            continue
+        return rel
+    raise OSError(f"no free name for {name} in {UPLOADS}/")
