@@ -9,6 +9,7 @@ not enough, since any server admin can change it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -134,9 +135,8 @@ async def restart_server(rt: Runtime) -> str:
 
 
 async def notes_clean(rt: Runtime, channel: str) -> str:
-    ctx = rt.spaces.context(channel)
-    clean = ctx.services.get("notes_clean")
-    if clean is None:
-        return "Notes are not enabled in this version."
-    removed = await clean(ctx)
+    notes = rt.spaces.context(channel).services.get("notes")
+    if notes is None:
+        return "Notes are not enabled."
+    removed = await asyncio.to_thread(notes.clean, channel)
     return f"Removed {removed} notes of this channel."

@@ -19,10 +19,13 @@ summary written by the model; the system section and the recent turns stay.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import re
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.config import Config
@@ -209,7 +212,18 @@ class Agent:
             await self._store(episode, step)
             messages.append({"role": "tool", "tool_call_id": call.get("id") or "",
                              "name": name, "content": output})
+            if result.ok and "image" in result.meta and self.config.model.vision:
+                await self._attach_image(episode, messages, result.meta["image"])
         return malformed
+
+    async def _attach_image(self, episode: int, messages: list[dict], image: dict) -> None:
+        """Show a viewed image to a vision model; the step records its cached hash."""
+        data = await asyncio.to_thread(Path(image["cache_path"]).read_bytes)
+        url = f"data:{image.get('mime', 'image/png')};base64,{base64.b64encode(data).decode()}"
+        text = f"(the image {image['sha256'][:12]} from view_image)"
+        await self._store(episode, Step(role="user", content=text, meta={"image": image}))
+        messages.append({"role": "user", "content": [
+            {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]})
 
     def _truncate(self, text: str) -> str:
         limit = self.config.agent.tool_output_chars

@@ -68,6 +68,9 @@ class ModelConfig(_Section):
     context_tokens: int = Field(
         4096, ge=512, le=131072, description="a context size between 512 and 131072"
     )
+    vision: bool = Field(
+        False, description="true only for a model that accepts images (view_image attaches them)"
+    )
     chat_format: str = Field(
         "chatml-function-calling",
         min_length=1,
@@ -201,6 +204,45 @@ class AgentConfig(_Section):
     )
 
 
+class NightConfig(_Section):
+    eval_percent: int = Field(
+        10, ge=0, le=50, description="the share of episodes held out for evaluation (0..50)"
+    )
+    window_messages: int = Field(10, ge=2, le=50, description="messages per judged window (2..50)")
+    max_extends: int = Field(
+        2, ge=0, le=10, description="how often the judge may extend a window (0..10)"
+    )
+    extend_limit: int = Field(
+        10, ge=1, le=50, description="most messages one extend may add on each side (1..50)"
+    )
+    judge_attempts: int = Field(
+        3, ge=1, le=10, description="tries for a parseable judge reply before skipping (1..10)"
+    )
+    judge_max_tokens: int = Field(512, ge=64, description="a token count >= 64")
+    value_neighbours: int = Field(
+        8, ge=1, le=50, description="past sub-tasks shown to the value model (1..50)"
+    )
+    half_life_days: float = Field(
+        14, gt=0, description="days after which a memory counts half (> 0)"
+    )
+    length_scale: float = Field(
+        10, gt=0, description="turns that make a length advantage of 1 (> 0)"
+    )
+    length_weight: float = Field(
+        0.5, ge=0, description="weight of the length advantage beside the reward's (>= 0)"
+    )
+    understanding_fraction: float = Field(
+        0.3, ge=0, le=1, description="share of episodes given the understanding pass (0..1)"
+    )
+    turn_penalty: float = Field(
+        0.02, ge=0, description="advantage taken per extra assistant message in a turn (>= 0)"
+    )
+    stray_advantage: float = Field(
+        -1.0, le=0, description="advantage on a stray end-of-turn's last token (<= 0)"
+    )
+    seed: int = Field(0, description="an integer seed for the night's samples")
+
+
 class SandboxConfig(_Section):
     allow_unsandboxed: bool = Field(
         False, description="true or false; true runs code without bubblewrap (unsafe)"
@@ -214,6 +256,7 @@ class Config(_Section):
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     discord: DiscordConfig = Field(default_factory=DiscordConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    night: NightConfig = Field(default_factory=NightConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     # Where the config came from; None means embedded defaults.

@@ -1,73 +1,202 @@
-"""The Discord front end (discord.py 2.7).
+"""The Discord front end (discord.py 2.7): chat, ``!sleep``, admin slash commands, labels.
 
-It answers direct messages and messages that mention the bot, through the same
-agent turn as the console. Replies are split at Discord's 2,000-character
-limit without breaking code blocks. One client process sends for every
-channel, so discord.py's own 429 handling covers all of them.
+Each Discord channel is one agent channel (key: the channel id; a DM:
+``dm-<user id>``), served by the Runtime's channel workers, so channels run
+concurrently and each one's turns run in order. The bot answers where the
+access policy (``bot.discord_access``) allows, shows typing while a turn
+runs, saves the user's attachments into the channel's workspace and uploads
+the files the agent sent. A full queue answers with the Busy message, and a
+failed turn with a short apology; neither ends the handler.
+
+A ✅ or ❌ reaction on a bot reply labels that reply's episode accepted or
+rejected. Each sent reply is recorded in the store as a ``discord_reply``
+event, so reactions on replies from before a restart still find their
+episode; raw reaction events make uncached messages work too.
+
+One client process sends for every channel, so discord.py's own 429
+handling covers all of them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Awaitable, Callable
+from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import discord
+from discord.ext import commands
+
+from bot.channels import Busy
+from bot.discord_access import (Origin, channel_ids, channel_key, is_allowed, needs_mention,
+                                origin_of, strip_mentions)
+from bot.discord_admin import add_admin_commands
+from bot.discord_render import (outgoing_files, save_attachments, send_reply, split_reply,
+                                upload_limit)
+
+if TYPE_CHECKING:
+    from bot.agent import TurnResult
+    from bot.runtime import Runtime
+    from bot.store import Store
+
+__all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 
 logger = logging.getLogger("nightshift.discord")
-LIMIT = 2000
-Turn = Callable[[str, str, str], Awaitable[str]]
+REACTION_LABELS = {"\N{WHITE HEAVY CHECK MARK}": "accepted", "\N{CROSS MARK}": "rejected"}
+REPLY_EVENT = "discord_reply"
+TURN_FAILED = "Sorry, something went wrong while answering that; the error is logged. Please try again."
 
 
-def split_reply(text: str, limit: int = LIMIT) -> list[str]:
-    """Chunks of at most ``limit`` characters, cut at line ends where possible.
-    A code block cut in two is closed at the end of one chunk and reopened, with
-    its language, at the start of the next."""
-    close = "\n```"
-    chunks: list[str] = []
-    fence = ""  # the opening fence line (e.g. ```py) while inside a code block
-    current = ""
-    for line in _pieces(text or "(empty reply)", limit - 2 * len(close) - 16):
-        reserve = len(close) if fence else 0
-        if current and len(current) + len(line) + reserve > limit:
-            chunks.append(current.rstrip("\n") + (close if fence else ""))
-            current = fence + "\n" if fence else ""
-        current += line
-        if line.lstrip().startswith("```"):
-            fence = "" if fence else line.strip()
-    if current.strip() and current.strip() != fence:
-        chunks.append(current.rstrip("\n"))
-    return chunks
+def intents() -> discord.Intents:
+    """What the bot needs; members (a privileged intent) is not among them."""
+    wanted = discord.Intents.none()
+    wanted.guilds = True
+    wanted.guild_messages = True
+    wanted.dm_messages = True
+    wanted.message_content = True
+    wanted.guild_reactions = True
+    wanted.dm_reactions = True
+    return wanted
 
 
-def _pieces(text: str, width: int) -> list[str]:
-    """Lines with their newlines; a line longer than ``width`` is cut into parts."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        out += [line[i:i + width] for i in range(0, len(line), width)]
-    return out
+class ReplyIndex:
+    """Which episode each bot reply belongs to.
+
+    The store is the truth (one ``discord_reply`` event per sent message); the
+    dict is a cache, filled from the store on first use. This process is the
+    only writer of those events, so after that load a miss means "not a reply".
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._episodes: dict[int, int] = {}
+        self._loaded = False
+
+    async def record(self, channel: str, episode_id: int, message_ids: list[int]) -> None:
+        for message_id in message_ids:
+            await self._store.add_event(channel, episode_id, REPLY_EVENT,
+                                        {"message_id": message_id})
+            self._episodes[message_id] = episode_id
+
+    async def episode_of(self, message_id: int) -> int | None:
+        if not self._loaded:
+            for event in await self._store.events(REPLY_EVENT):
+                self._episodes.setdefault(int(event["payload"]["message_id"]),
+                                          event["episode_id"])
+            self._loaded = True
+        return self._episodes.get(message_id)
 
 
-class NightshiftClient(discord.Client):
-    def __init__(self, turn: Turn) -> None:
-        intents = discord.Intents.default()
-        intents.message_content = True
-        super().__init__(intents=intents)
-        self._turn = turn
+class NightshiftBot(commands.Bot):
+    """The bot; it holds the Runtime but does not own it (the caller closes it)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(command_prefix=rt.config.discord.command_prefix, intents=intents(),
+                         help_command=None,
+                         # The model writes the replies: it must never ping @everyone or roles.
+                         allowed_mentions=discord.AllowedMentions(
+                             everyone=False, users=False, roles=False, replied_user=True))
+        self.rt = rt
+        self.replies = ReplyIndex(rt.store)
+        add_admin_commands(self, rt)
+
+    async def setup_hook(self) -> None:
+        # Publish the slash commands. A failure leaves the chat working, so it only warns.
+        try:
+            synced = await self.tree.sync()
+            logger.info("synced %d slash commands", len(synced))
+        except discord.HTTPException as exc:
+            logger.warning("could not sync the slash commands: %s", exc)
 
     async def on_ready(self) -> None:
         logger.info("logged in to Discord as %s", self.user)
 
+    # -- messages ------------------------------------------------------------------
+
     async def on_message(self, message: discord.Message) -> None:
-        if message.author.bot or self.user is None:
+        if message.author.bot or self.user is None:  # other bots, and ourselves
             return
-        direct = message.guild is None
-        if not direct and not self.user.mentioned_in(message):
+        origin = origin_of(message.author, message.channel)
+        if not is_allowed(self.rt.config, origin):
             return
-        text = message.content.replace(self.user.mention, "").strip()
-        if not text:
+        ctx = await self.get_context(message)
+        if ctx.valid:  # a prefix command such as !sleep; it checks its own caller
+            await self.invoke(ctx)
             return
-        channel = f"dm-{message.author.id}" if direct else f"{message.channel.id}"
+        text = self._addressed_text(message, origin, self.user.id)
+        if text is not None:
+            await self._answer(message, text)
+
+    def _addressed_text(self, message: discord.Message, origin: Origin,
+                        me: int) -> str | None:
+        """The text meant for the agent, or None when the message is not for us."""
+        mentioned = any(user.id == me for user in message.mentions)
+        if needs_mention(self.rt.config, origin) and not mentioned:
+            return None
+        text = strip_mentions(message.content, [me])
+        return text if text or message.attachments else None
+
+    async def _answer(self, message: discord.Message, text: str) -> None:
+        key = channel_key(message.channel, message.author.id)
+        workspace = self.rt.spaces.context(key).workspace
         async with message.channel.typing():
-            reply = await self._turn(channel, text, message.author.display_name)
-        for chunk in split_reply(reply):
-            await message.channel.send(chunk)
+            notes = await save_attachments(message.attachments, workspace)
+            prompt = "\n".join([text, *notes]).strip()
+            outcome = await self._turn(key, prompt, message.author.display_name)
+        if isinstance(outcome, str):
+            await send_reply(message, outcome)
+            return
+        files, skipped = outgoing_files(workspace, outcome.files, upload_limit(message))
+        try:
+            sent = await send_reply(message, "\n".join([outcome.reply, *skipped]), files)
+        finally:
+            for file in files:
+                file.close()
+        await self.replies.record(key, outcome.episode_id, [m.id for m in sent])
+
+    async def _turn(self, key: str, text: str, speaker: str) -> TurnResult | str:
+        """The turn's result, or the text to answer instead (busy, or failed)."""
+        try:
+            return await self.rt.turn(key, text, speaker)
+        except Busy as exc:
+            return str(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the worker logged the turn's error; the user gets a short one
+            logger.exception("turn in #%s failed", key)
+            return TURN_FAILED
+
+    # -- reactions -------------------------------------------------------------------
+
+    async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
+        value = REACTION_LABELS.get(str(payload.emoji))
+        if value is None or self.user is None or payload.user_id == self.user.id:
+            return
+        if payload.member is not None and payload.member.bot:
+            return
+        if not is_allowed(self.rt.config, self._reaction_origin(payload)):
+            return
+        episode = await self.replies.episode_of(payload.message_id)
+        if episode is None:  # not one of our replies
+            return
+        try:
+            await self.rt.store.add_label(episode, value, "reaction")
+        except ValueError as exc:
+            logger.warning("reaction label on episode %s not stored: %s", episode, exc)
+            return
+        logger.info("episode %s labelled %s by a reaction of %s", episode, value,
+                    payload.user_id)
+
+    def _reaction_origin(self, payload: discord.RawReactionActionEvent) -> Origin:
+        member = payload.member
+        channel = self.get_channel(payload.channel_id)
+        ids = channel_ids(channel) if channel is not None else frozenset({payload.channel_id})
+        roles = frozenset(role.id for role in member.roles) if member is not None else frozenset()
+        return Origin(payload.user_id, roles, ids, payload.guild_id is None)
+
+
+async def run_discord(rt: Runtime, token: str) -> None:
+    """Run the bot until it stops or is cancelled; it is closed either way."""
+    bot = NightshiftBot(rt)
+    async with bot:  # __aexit__ closes the bot, on cancellation too
+        await bot.start(token)

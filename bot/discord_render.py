@@ -17,7 +17,8 @@ import asyncio
 import logging
 import os
 import re
-from pathlib import Path
+import stat
+from pathlib import PurePosixPath
 from typing import Any, Iterable, Sequence
 
 import discord
@@ -105,23 +106,30 @@ async def answer_interaction(interaction: discord.Interaction, text: str, *,
 
 def outgoing_files(workspace: Any, paths: Iterable[str],
                    limit: int) -> tuple[list[discord.File], list[str]]:
-    """The agent's files to upload, resolved inside its workspace, and a note per file skipped."""
+    """The agent's files to upload, opened inside its workspace, and a note per file skipped.
+
+    ``Workspace.open`` follows no symlink, so a link swapped in after the
+    agent named the file cannot send a host file. The caller closes the files.
+    """
     files, notes = [], []
     for rel in dict.fromkeys(paths):
         try:
-            path = workspace.resolve(rel)
+            fp = os.fdopen(workspace.open(rel), "rb")
+        except FileNotFoundError:
+            notes.append(f"(could not send {rel}: no such file)")
+            continue
         except (ValueError, OSError) as exc:
             notes.append(f"(could not send {rel}: {exc})")
             continue
-        if not path.is_file():
-            notes.append(f"(could not send {rel}: no such file)")
+        info = os.fstat(fp.fileno())
+        problem = ("it is a folder" if not stat.S_ISREG(info.st_mode) else
+                   f"{human_size(info.st_size)} is over Discord's {human_size(limit)} upload "
+                   "limit here" if info.st_size > limit else "")
+        if problem:
+            fp.close()
+            notes.append(f"(could not send {rel}: {problem})")
             continue
-        size = path.stat().st_size
-        if size > limit:
-            notes.append(f"(could not send {rel}: {human_size(size)} is over Discord's "
-                         f"{human_size(limit)} upload limit here)")
-            continue
-        files.append(discord.File(path, filename=path.name))
+        files.append(discord.File(fp, filename=PurePosixPath(rel).name))
     return files, notes
 
 
@@ -170,22 +178,21 @@ async def save_attachments(attachments: Sequence[discord.Attachment], workspace:
 def _write_free(workspace: Any, name: str, data: bytes) -> str:
     """Write ``data`` under a free name in uploads/ and return its workspace path.
 
-    Exclusive creation ("xb") means an existing file (or a symlink planted in
-    its place) is never overwritten, even by two uploads racing for one name.
+    Exclusive creation (O_EXCL) means an existing file is never overwritten,
+    even by two uploads racing for one name; ``Workspace.open`` follows no
+    symlink, so a link planted in uploads/ cannot lead the write out.
     """
-    folder: Path = workspace.resolve(UPLOADS)
-    folder.mkdir(parents=True, exist_ok=True)
+    workspace.resolve(UPLOADS).mkdir(parents=True, exist_ok=True)
     stem, dot, ext = name.rpartition(".")
     if not dot:
         stem, ext = name, ""
     for n in range(1000):
-        candidate = name if n == 0 else f"{stem}-{n}{'.' + ext if ext else ''}"
-        rel = f"{UPLOADS}/{candidate}"
-        target = workspace.resolve(rel)
+        rel = f"{UPLOADS}/{name if n == 0 else f'{stem}-{n}' + ('.' + ext if ext else '')}"
         try:
-            with open(target, "xb") as out:
-                out.write(data)
+            fd = workspace.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             continue
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
         return rel
     raise OSError(f"no free name for {name} in {UPLOADS}/")

@@ -49,6 +49,22 @@ class ChannelSpaces:
         return read_sys_section(self.context(channel).state_dir)
 
 
+def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
+    """What the tools may use beyond their workspace; loaded once, shared by channels."""
+    from bot.embedder import MiniLMEmbedder
+    from tools.notes import NoteStore
+
+    embedder = MiniLMEmbedder()
+
+    def server_status() -> dict:
+        return {"ready": supervisor.ready, "url": supervisor.base_url, "pid": supervisor.pid,
+                "restarts": supervisor.restarts}
+
+    return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
+            "notes": NoteStore(config.data_dir / "notes", embedder),
+            "image_cache": config.data_dir / "images"}
+
+
 @dataclass
 class Runtime:
     config: Config
@@ -77,7 +93,7 @@ class Runtime:
                 llm = LLM(config, supervisor)
                 stack.push_async_callback(llm.close)
             registry = default_registry()
-            spaces = ChannelSpaces(config.data_dir)
+            spaces = ChannelSpaces(config.data_dir, **_services(config, store, supervisor))
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
                           stray=RuleStrayDetector())
             workers = ChannelWorkers(agent.turn, config.agent.queue_size)

@@ -31,7 +31,10 @@ import aiosqlite
 ROLES = ("system", "user", "assistant", "tool")
 EPISODE_STATUSES = ("open", "complete", "aborted", "errored")
 LABELS = ("accepted", "rejected", "verified")
-JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+# The night's own states come from the night runner: judging, training, exporting, gating,
+# awaiting_promotion, live. Migration 2 moved this check from SQL into Python.
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled", "judging", "training",
+              "exporting", "gating", "awaiting_promotion", "live")
 RELEASE_STATES = ("candidate", "live", "retired", "rejected")
 
 
@@ -210,6 +213,42 @@ MIGRATIONS: list[list[str]] = [
         # At most one live release: a promote that forgot to retire the old
         # one fails instead of leaving the server unsure what to serve.
         "CREATE UNIQUE INDEX releases_one_live ON releases(state) WHERE state = 'live'",
+    ],
+    # 2: the night's ledger, and job states checked in Python (SQLite cannot alter a CHECK).
+    [
+        """CREATE TABLE jobs_v2 (
+            id INTEGER PRIMARY KEY,
+            kind TEXT NOT NULL,
+            args TEXT NOT NULL,
+            state TEXT NOT NULL,
+            progress TEXT NOT NULL DEFAULT '{}',
+            error TEXT,
+            pid INTEGER,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        "INSERT INTO jobs_v2 SELECT * FROM jobs",
+        "DROP TABLE jobs",
+        "ALTER TABLE jobs_v2 RENAME TO jobs",
+        "CREATE INDEX jobs_kind ON jobs(kind, state)",
+        # One row per judged window, value prediction, understanding score...: what a
+        # resumed night must not compute twice. kind + key identify the work item.
+        """CREATE TABLE night_records (
+            night_id INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            key TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (night_id, kind, key)
+        )""",
+        """CREATE TABLE advantages (
+            night_id INTEGER NOT NULL,
+            episode_id INTEGER NOT NULL REFERENCES episodes(id),
+            step_id INTEGER NOT NULL REFERENCES steps(id),
+            advantage REAL NOT NULL,
+            parts TEXT NOT NULL,
+            PRIMARY KEY (night_id, step_id)
+        )""",
     ],
 ]
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get
 
 if TYPE_CHECKING:
     from sandbox.paths import Workspace
-    from tools.history import Journal
+    from tools.journal import Journal
 
 logger = logging.getLogger("nightshift.tools")
 
@@ -44,6 +44,10 @@ TOOL_MODULES = (
     "tools.history",
     "tools.recipes",
     "tools.system",
+    "tools.notes",
+    "tools.media",
+    "tools.outbox",
+    "tools.health",
 )
 
 # A safety net over the tools' own bounds: one observation must not flood the context.
@@ -87,7 +91,7 @@ class ToolContext:
     @classmethod
     def open(cls, channel: str, workspace: Workspace, state_dir: Path, **services: Any) -> ToolContext:
         """A context with the channel's journal loaded from ``state_dir``."""
-        from tools.history import Journal
+        from tools.journal import Journal
 
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import posixpath
-import shutil
+import stat
 from pathlib import Path
 from typing import Literal
 
 from tools import ToolContext, ToolError, tool
-from tools.history import SnapshotTooLarge, atomic_write
+from tools.journal import SnapshotTooLarge
 
 PAGE_LINES = 100
 MAX_LINE_CHARS = 2000
@@ -54,7 +54,7 @@ def lexical(ctx: ToolContext, path: str) -> Path:
         resolved, refusal = resolve(ctx, path), None
     except ValueError as exc:  # PathEscape: re-raised below unless the path names a link
         resolved, refusal = None, exc
-    parent, name = posixpath.split(posixpath.normpath(path))
+    parent, name = posixpath.split(path.rstrip("/"))
     if name not in ("", ".", ".."):
         try:
             candidate = resolve(ctx, parent or ".") / name
@@ -71,19 +71,44 @@ def is_binary(head: bytes) -> bool:
     return b"\0" in head
 
 
-def read_text(path: Path, shown: str) -> str:
+def open_file(ctx: ToolContext, path: str):
+    """A workspace file opened for binary reading without following any link on the way.
+
+    ``Workspace.open`` closes the gap between the jail's check and the open,
+    in which a job could swap a folder for a link to the host.
+    """
+    fd = ctx.workspace.open(path)
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ToolError(f"{path} is a folder; list_dir shows its contents")
+    return os.fdopen(fd, "rb")
+
+
+def open_dir(ctx: ToolContext, path: str) -> int:
+    """A descriptor of a workspace folder, opened without following any link on the way."""
+    if not existing(ctx, path).is_dir():
+        raise ToolError(f"{path} is a file, not a folder; read_file or file_info tell more")
+    return ctx.workspace.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def scan(dir_fd: int) -> list[os.DirEntry]:
+    """A folder's entries, folders first, then by name."""
+    with os.scandir(dir_fd) as it:
+        return sorted(it, key=lambda e: (not e.is_dir(follow_symlinks=False), e.name))
+
+
+def read_text(ctx: ToolContext, path: str) -> str:
     """A text file's content for editing; refuses folders, binary and non-UTF-8 files."""
-    if path.is_dir():
-        raise ToolError(f"{shown} is a folder; list_dir shows its contents")
-    if path.stat().st_size > MAX_EDIT_BYTES:
-        raise ToolError(f"{shown} is larger than {MAX_EDIT_BYTES // 2**20} MiB; too large to edit here")
-    data = path.read_bytes()
+    with open_file(ctx, path) as f:
+        if os.fstat(f.fileno()).st_size > MAX_EDIT_BYTES:
+            raise ToolError(f"{path} is larger than {MAX_EDIT_BYTES // 2**20} MiB; too large to edit here")
+        data = f.read()
     if is_binary(data[:8192]):
-        raise ToolError(f"{shown} is a binary file ({len(data)} bytes); only text files can be edited")
+        raise ToolError(f"{path} is a binary file ({len(data)} bytes); only text files can be edited")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ToolError(f"{shown} is not UTF-8 text (bad byte at {exc.start}); it cannot be edited") from None
+        raise ToolError(f"{path} is not UTF-8 text (bad byte at {exc.start}); it cannot be edited") from None
 
 
 def numbered(lines: list[str], first: int) -> str:
@@ -108,9 +133,7 @@ def read_file(ctx: ToolContext, path: str, offset: int = 1, limit: int = PAGE_LI
         offset: The first line to show (1 = the start of the file).
         limit: How many lines to show, 1 to 100.
     """
-    target = existing(ctx, path)
-    if target.is_dir():
-        raise ToolError(f"{path} is a folder; list_dir shows its contents")
+    existing(ctx, path)
     if offset < 1:
         raise ToolError(f"offset must be 1 or more (lines are numbered from 1), got {offset}")
     if limit < 1:
@@ -118,10 +141,10 @@ def read_file(ctx: ToolContext, path: str, offset: int = 1, limit: int = PAGE_LI
     limit = min(limit, PAGE_LINES)
     shown: list[str] = []
     total = 0
-    with open(target, "rb") as f:
+    with open_file(ctx, path) as f:
         if is_binary(f.read(8192)):
-            raise ToolError(f"{path} is a binary file ({target.stat().st_size} bytes); read_file shows "
-                            f"text only. file_info tells its size and type")
+            raise ToolError(f"{path} is a binary file ({os.fstat(f.fileno()).st_size} bytes); "
+                            f"read_file shows text only. file_info tells its size and type")
         f.seek(0)
         for total, raw in enumerate(f, 1):
             if offset <= total < offset + limit:
@@ -153,9 +176,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
     existed = target.exists()
     data = content.encode("utf-8")
     with ctx.journal.change(f"write_file {rel(ctx, target)}") as tx:
-        tx.touch(target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(target, data)
+        tx.write(target, data)
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
     return f"{'overwrote' if existed else 'created'} {path} ({lines} lines, {len(data)} bytes)"
 
@@ -187,14 +208,13 @@ def edit_file(ctx: ToolContext, path: str,
     if missing:
         raise ToolError(f"mode {mode!r} needs {', '.join(needs)}; missing: {', '.join(missing)}")
     target = existing(ctx, path)
-    content = read_text(target, path)
+    content = read_text(ctx, path)
     if mode == "replace_text":
         new_content, first, count = _replace_text(content, old, new, path)
     else:
         new_content, first, count = _edit_lines(content, mode, start, end, after, text, path)
     with ctx.journal.change(f"edit_file {rel(ctx, target)} ({mode})") as tx:
-        tx.touch(target)
-        atomic_write(target, new_content.encode("utf-8"))
+        tx.write(target, new_content.encode("utf-8"))
     lines = new_content.splitlines(keepends=True)
     lo = max(1, first - SNIPPET_CONTEXT)
     hi = min(len(lines), first + max(count, 1) - 1 + SNIPPET_CONTEXT, lo + 29)
@@ -244,20 +264,21 @@ def list_dir(ctx: ToolContext, path: str = ".") -> str:
     Args:
         path: The folder, relative to your workspace; "." is the workspace itself.
     """
-    target = existing(ctx, path)
-    if not target.is_dir():
-        raise ToolError(f"{path} is a file, not a folder; read_file or file_info tell more")
-    entries = sorted(os.scandir(target), key=lambda e: (not e.is_dir(), e.name))
+    dir_fd = open_dir(ctx, path)
+    try:
+        entries = scan(dir_fd)
+        out = []
+        for entry in entries[:MAX_LIST_ENTRIES]:
+            if entry.is_symlink():
+                out.append(f"{entry.name} -> {os.readlink(entry.name, dir_fd=dir_fd)}")
+            elif entry.is_dir(follow_symlinks=False):
+                out.append(f"{entry.name}/")
+            else:
+                out.append(f"{entry.name}  ({entry.stat(follow_symlinks=False).st_size} bytes)")
+    finally:
+        os.close(dir_fd)
     if not entries:
         return f"{path} is empty"
-    out = []
-    for entry in entries[:MAX_LIST_ENTRIES]:
-        if entry.is_symlink():
-            out.append(f"{entry.name} -> {os.readlink(entry.path)}")
-        elif entry.is_dir():
-            out.append(f"{entry.name}/")
-        else:
-            out.append(f"{entry.name}  ({entry.stat().st_size} bytes)")
     if len(entries) > MAX_LIST_ENTRIES:
         out.append(f"[... {len(entries) - MAX_LIST_ENTRIES} more entries; glob narrows the list]")
     return f"{path} ({len(entries)} entries):\n" + "\n".join(out)
@@ -276,8 +297,7 @@ def make_dir(ctx: ToolContext, path: str) -> str:
     if target.exists():
         raise ToolError(f"{path} is a file; a folder cannot take its place")
     with ctx.journal.change(f"make_dir {rel(ctx, target)}") as tx:
-        tx.touch(target)
-        target.mkdir(parents=True)
+        tx.mkdir(target)
     return f"created folder {path}"
 
 
@@ -294,11 +314,7 @@ def delete(ctx: ToolContext, path: str) -> str:
     if not os.path.lexists(target):
         raise ToolError(f"{path} does not exist; list_dir shows what is there")
     with ctx.journal.change(f"delete {rel(ctx, target)}") as tx:
-        tx.touch(target)
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        else:
-            target.unlink()
+        tx.remove(target)
     return f"deleted {path}"
 
 
@@ -312,12 +328,9 @@ def clear_scratch(ctx: ToolContext) -> str:
     try:
         with ctx.journal.change("clear_scratch") as tx:
             for child in children:
-                tx.touch(child)
+                tx.touch(child)  # all snapshots first: a too-large one must stop before any removal
             for child in children:
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
+                tx.remove(child)
     except SnapshotTooLarge:
         # Too big to keep a copy of: scratch is throwaway space, so clear it anyway.
         ctx.workspace.clear_scratch()

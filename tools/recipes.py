@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tools import ToolContext, ToolError, tool
-from tools.history import atomic_write
+from tools.fsroot import atomic_write
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TEMPLATE_CHARS = 20_000

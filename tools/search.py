@@ -1,8 +1,10 @@
 """Search tools: grep, glob, file_info, tree and outline.
 
-Walks never follow links (a link could lead out of the workspace or into a
-loop) and skip version-control and cache folders. Every listing is capped,
-with a note saying what was left out and how to narrow the search.
+Walks go through folder descriptors (``os.fwalk``, ``O_NOFOLLOW`` opens), so
+they never follow a link, even one a job swaps in mid-walk: a link could lead
+out of the workspace or into a loop. Version-control and cache folders are
+skipped. Every listing is capped, with a note saying what was left out and
+how to narrow the search.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import ast
 import fnmatch
 import os
 import re
+import stat
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 from tools import ToolContext, ToolError, tool
-from tools.files import existing, is_binary, lexical, rel
+from tools.files import existing, is_binary, lexical, open_dir, open_file, rel, scan
+from tools.fsroot import DIR_FLAGS, READ_FLAGS, FsRoot
 
 MAX_MATCHES = 100
 MAX_GLOB_RESULTS = 200
@@ -27,14 +30,50 @@ MATCH_PREVIEW_CHARS = 200
 SKIPPED_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
 
 
-def walk_files(top: Path) -> Iterator[Path]:
-    """Regular files below ``top`` in sorted order, links and skipped folders left out."""
-    for folder, dirs, files in os.walk(top, followlinks=False):
+def walk(dir_fd: int) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """``os.fwalk`` below an open folder: (relative folder, subfolders, other names, folder fd).
+
+    Subfolders are sorted and pruned of SKIPPED_DIRS; links count as other names.
+    """
+    for folder, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        for name in sorted(files):
-            path = Path(folder) / name
-            if not path.is_symlink():
-                yield path
+        yield folder.removeprefix("./").removeprefix("."), dirs, sorted(files), fd
+
+
+def read_small_text(name: str, dir_fd: int) -> bytes | None:
+    """A regular text file's bytes, or None for links, special, binary or too large files."""
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    except OSError:  # ELOOP: a link; or gone meanwhile
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_GREP_FILE_BYTES:
+            return None
+        os.set_blocking(fd, True)
+        data = f.read()
+    return None if is_binary(data[:8192]) else data
+
+
+def _grep_targets(ctx: ToolContext, path: str) -> Iterator[tuple[str, bytes]]:
+    """(workspace-relative name, bytes) of each text file at or below ``path``."""
+    target = existing(ctx, path)
+    if not target.is_dir():
+        with open_file(ctx, path) as f:
+            data = f.read(MAX_GREP_FILE_BYTES + 1)
+        if len(data) <= MAX_GREP_FILE_BYTES and not is_binary(data[:8192]):
+            yield rel(ctx, target), data
+        return
+    base = rel(ctx, target)
+    dir_fd = open_dir(ctx, path)
+    try:
+        for folder, _, files, fd in walk(dir_fd):
+            for name in files:
+                data = read_small_text(name, fd)
+                if data is not None:
+                    yield "/".join(p for p in (base, folder, name) if p and p != "."), data
+    finally:
+        os.close(dir_fd)
 
 
 @tool
@@ -50,18 +89,10 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> st
         regex = re.compile(pattern)
     except re.error as exc:
         raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
-    target = existing(ctx, path)
-    files = [target] if target.is_file() else walk_files(target)
     matches: list[str] = []
     searched = 0
-    for file in files:
-        name = rel(ctx, file)
-        if not (fnmatch.fnmatch(file.name, glob) or fnmatch.fnmatch(name, glob)):
-            continue
-        if file.stat().st_size > MAX_GREP_FILE_BYTES:
-            continue
-        data = file.read_bytes()
-        if is_binary(data[:8192]):
+    for name, data in _grep_targets(ctx, path):
+        if not (fnmatch.fnmatch(name.rsplit("/", 1)[-1], glob) or fnmatch.fnmatch(name, glob)):
             continue
         searched += 1
         for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
@@ -91,15 +122,16 @@ def glob(ctx: ToolContext, pattern: str) -> str:
         raise ToolError(f"the pattern must be relative to your workspace, without '..': {pattern!r}")
     if not parts:
         raise ToolError("the pattern is empty; try '*' or '**/*.py'")
-    root = ctx.workspace.root.resolve()
     found: list[str] = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        base = Path(folder).relative_to(root).as_posix()
-        for name, suffix in [(d, "/") for d in dirs] + [(f, "") for f in sorted(files)]:
-            path = f"{base}/{name}" if base != "." else name
-            if _match(path.split("/"), parts):
-                found.append(path + suffix)
+    dir_fd = ctx.workspace.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for folder, dirs, files, _ in walk(dir_fd):
+            for name, suffix in [(d, "/") for d in dirs] + [(f, "") for f in files]:
+                path = f"{folder}/{name}" if folder else name
+                if _match(path.split("/"), parts):
+                    found.append(path + suffix)
+    finally:
+        os.close(dir_fd)
     if not found:
         return f"nothing matches {pattern!r}"
     found.sort()
@@ -125,21 +157,24 @@ def file_info(ctx: ToolContext, path: str) -> str:
         path: The file, folder or link, relative to your workspace.
     """
     target = lexical(ctx, path)
-    if not os.path.lexists(target):
+    fs, name = FsRoot(ctx.workspace.root), rel(ctx, target)
+    st = fs.lstat(name)
+    if st is None:
         raise ToolError(f"{path} does not exist; list_dir shows what is there")
-    st = target.lstat()
     modified = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(st.st_mtime))
-    if target.is_symlink():
-        return f"{path}: link to {os.readlink(target)}, modified {modified}"
-    if target.is_dir():
-        return f"{path}: folder with {len(os.listdir(target))} entries, modified {modified}"
-    with open(target, "rb") as f:
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path}: link to {fs.readlink(name)}, modified {modified}"
+    if stat.S_ISDIR(st.st_mode):
+        return f"{path}: folder with {len(fs.listdir(name))} entries, modified {modified}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path}: special file (not a regular file), modified {modified}"
+    with open_file(ctx, path) as f:
         binary = is_binary(f.read(8192))
-    kind = "binary file" if binary else "text file"
-    lines = ""
-    if not binary and st.st_size <= 50 * 2**20:
-        with open(target, "rb") as f:
+        lines = ""
+        if not binary and st.st_size <= 50 * 2**20:
+            f.seek(0)
             lines = f", {sum(1 for _ in f)} lines"
+    kind = "binary file" if binary else "text file"
     return f"{path}: {kind}, {st.st_size} bytes{lines}, modified {modified}"
 
 
@@ -153,30 +188,35 @@ def tree(ctx: ToolContext, path: str = ".", depth: int = 2) -> str:
     """
     if not 1 <= depth <= 6:
         raise ToolError(f"depth must be between 1 and 6, got {depth}")
-    target = existing(ctx, path)
-    if not target.is_dir():
-        raise ToolError(f"{path} is a file, not a folder")
+    dir_fd = open_dir(ctx, path)
     lines = [f"{path.rstrip('/') or '.'}/"]
-    cut = _tree_lines(target, depth, 1, lines)
+    try:
+        cut = _tree_lines(dir_fd, depth, 1, lines)
+    finally:
+        os.close(dir_fd)
     if cut:
         lines.append(f"[... cut at {MAX_TREE_LINES} lines; show a subfolder or lower depth]")
     return "\n".join(lines)
 
 
-def _tree_lines(folder: Path, depth: int, level: int, lines: list[str]) -> bool:
-    """Append the entries of ``folder`` to ``lines``; True when the cap cut them."""
-    entries = sorted(os.scandir(folder), key=lambda e: (not e.is_dir(follow_symlinks=False), e.name))
-    for entry in entries:
+def _tree_lines(dir_fd: int, depth: int, level: int, lines: list[str]) -> bool:
+    """Append the entries of the open folder to ``lines``; True when the cap cut them."""
+    for entry in scan(dir_fd):
         if len(lines) >= MAX_TREE_LINES:
             return True
         indent = "  " * level
         if entry.is_symlink():
-            lines.append(f"{indent}{entry.name} -> {os.readlink(entry.path)}")
-        elif entry.is_dir():
+            lines.append(f"{indent}{entry.name} -> {os.readlink(entry.name, dir_fd=dir_fd)}")
+        elif entry.is_dir(follow_symlinks=False):
             skipped = entry.name in SKIPPED_DIRS
             lines.append(f"{indent}{entry.name}/" + ("  (not shown)" if skipped else ""))
-            if level < depth and not skipped and _tree_lines(Path(entry.path), depth, level + 1, lines):
-                return True
+            if level < depth and not skipped:
+                child = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
+                try:
+                    if _tree_lines(child, depth, level + 1, lines):
+                        return True
+                finally:
+                    os.close(child)
         else:
             lines.append(f"{indent}{entry.name}")
     return False
@@ -193,7 +233,8 @@ def outline(ctx: ToolContext, path: str) -> str:
     if target.is_dir() or target.suffix != ".py":
         raise ToolError(f"outline reads Python files (.py); {path} is not one. grep or read_file "
                         f"work on other files")
-    source = target.read_bytes()
+    with open_file(ctx, path) as f:
+        source = f.read()
     try:
         module = ast.parse(source, filename=path)
     except SyntaxError as exc:

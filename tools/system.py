@@ -14,7 +14,6 @@ from typing import Literal
 
 from tools import ToolContext, ToolError, tool
 from tools.files import numbered
-from tools.history import atomic_write
 
 SECTION_FILE = "system.md"
 MAX_SECTION_CHARS = 4000
@@ -34,8 +33,7 @@ def reset_sys_section(ctx: ToolContext) -> str:
     if not path.exists():
         return "the system-prompt section is already empty"
     with ctx.journal.change("reset_sys_section") as tx:
-        tx.touch(path)
-        path.unlink()
+        tx.remove(path)
     return "the system-prompt section was removed"
 
 
@@ -45,8 +43,7 @@ def _write(ctx: ToolContext, text: str, label: str) -> None:
                         f"{MAX_SECTION_CHARS}. Shorten it or delete lines first")
     path = ctx.state_dir / SECTION_FILE
     with ctx.journal.change(label) as tx:
-        tx.touch(path)
-        atomic_write(path, text.encode("utf-8"))
+        tx.write(path, text.encode("utf-8"))
 
 
 @tool

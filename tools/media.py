@@ -1,0 +1,230 @@
+"""Media tools: read a PDF's text, look at an image.
+
+Both read the file once, through ``Workspace.open`` (no symlink followed),
+and work on those bytes, so what is parsed is exactly what was checked.
+
+Images for training: every image the agent views is first copied into an
+immutable, content-addressed cache outside the workspace
+(``ctx.services["image_cache"]``, named ``<sha256><ext>``, read-only, never
+overwritten), and the result's ``meta["image"]`` records the hash and cache
+path. The night then trains on exactly the pixels the agent saw, even if the
+workspace file was edited or deleted since. Whether the model can see the
+image is ``ctx.services["vision"]``: with vision the agent attaches the
+cached image to the conversation; without it, the tool describes the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+from pathlib import Path
+
+from tools import ToolContext, ToolError, ToolResult, tool
+
+MAX_PDF_PAGES = 10
+MAX_PDF_BYTES = 100 * 2**20
+MAX_PDF_CHARS = 12_000  # per call, under the registry's 16,000-character cap
+MAX_IMAGE_BYTES = 50 * 2**20
+MAX_IMAGE_PIXELS = 50_000_000
+
+_EXTENSIONS = {"JPEG": ".jpg", "TIFF": ".tiff", "JPEG2000": ".jp2"}
+
+
+def read_workspace_file(ctx: ToolContext, path: str, limit: int, what: str) -> bytes:
+    """A regular file's bytes, opened without following links; ToolError when it is not one."""
+    target = ctx.workspace.resolve(path)
+    if not target.exists():
+        raise ToolError(f"{path} does not exist; list_dir shows what is there")
+    if target.is_dir():
+        raise ToolError(f"{path} is a folder, not {what}")
+    fd = ctx.workspace.open(path)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ToolError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ToolError(f"{path} is {human_size(info.st_size)}; the limit for {what} is "
+                            f"{human_size(limit)}")
+        return f.read(limit + 1)[:limit]
+
+
+def human_size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    if n < 2**20:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / 2**20:.1f} MiB"
+
+
+# --- PDF ---
+
+
+def _open_pdf(data: bytes, path: str):
+    from pypdf import PdfReader
+    from pypdf.errors import DependencyError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise ToolError(f"{path} is encrypted with a password; it cannot be read here")
+        reader.pages[0]  # noqa: B018 - parse the page tree now, so damage shows here
+        return reader
+    except ToolError:
+        raise
+    except DependencyError:
+        raise ToolError(f"{path} is encrypted (AES) and this bot lacks the library to "
+                        "decrypt it; it cannot be read here") from None
+    except Exception as exc:  # pypdf raises many kinds for damaged files; all mean the same
+        raise ToolError(f"{path} could not be read as a PDF: it is damaged or not a PDF "
+                        f"({type(exc).__name__}: {exc})") from None
+
+
+def _page_text(reader, index: int) -> str:
+    try:
+        text = (reader.pages[index].extract_text() or "").strip()
+    except Exception as exc:  # one bad page must not hide the others
+        return f"(could not extract text from this page: {type(exc).__name__})"
+    return text or "(no text on this page; it may be a scanned image or a drawing)"
+
+
+@tool
+def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_PDF_PAGES) -> str:
+    """Read the text of a PDF file, at most 10 pages per call, with page markers.
+
+    Args:
+        path: The PDF file, relative to your workspace.
+        start_page: The first page to read (1 = the first page).
+        pages: How many pages to read, 1 to 10.
+    """
+    if start_page < 1:
+        raise ToolError(f"start_page must be 1 or more (pages are numbered from 1), got {start_page}")
+    if not 1 <= pages <= MAX_PDF_PAGES:
+        raise ToolError(f"pages must be between 1 and {MAX_PDF_PAGES}, got {pages}")
+    reader = _open_pdf(read_workspace_file(ctx, path, MAX_PDF_BYTES, "a PDF"), path)
+    total = len(reader.pages)
+    if start_page > total:
+        raise ToolError(f"start_page {start_page} is past the end: {path} has {total} pages")
+    out: list[str] = []
+    used = 0
+    last = start_page - 1
+    for number in range(start_page, min(start_page + pages, total + 1)):
+        text = _page_text(reader, number - 1)
+        room = MAX_PDF_CHARS - used
+        if out and len(text) > room:
+            break  # the next call starts with this page
+        if len(text) > room:
+            text = f"{text[:room]}\n[... page cut, {len(text) - room} more characters]"
+        out.append(f"--- page {number} ---\n{text}")
+        used += len(text)
+        last = number
+    header = f"{path}: pages {start_page}-{last} of {total}"
+    if last < total:
+        footer = (f"({total - last} more pages; read on with read_pdf(path={path!r}, "
+                  f"start_page={last + 1}))")
+    else:
+        footer = "(end of document)"
+    return f"{header}\n" + "\n".join(out) + f"\n{footer}"
+
+
+# --- images ---
+
+
+def _identify(data: bytes, path: str):
+    """The opened (not decoded) image; ToolError for non-images, damaged and huge ones."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        image = Image.open(io.BytesIO(data))
+    except UnidentifiedImageError:
+        raise ToolError(f"{path} is not an image this bot can read (PNG, JPEG, GIF, WebP, BMP, "
+                        "TIFF, ...); read_file shows text files, file_info tells a file's type") from None
+    except Image.DecompressionBombError:
+        raise ToolError(f"{path} is far too large an image to open (over {MAX_IMAGE_PIXELS:,} "
+                        "pixels); scale it down first") from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ToolError(f"{path} is {width}x{height} = {width * height:,} pixels; the limit is "
+                        f"{MAX_IMAGE_PIXELS:,}. Scale it down first")
+    try:
+        Image.open(io.BytesIO(data)).verify()  # verify() spends its image; keep `image` usable
+    except Exception as exc:  # Pillow raises many kinds for damaged files
+        raise ToolError(f"{path} is a damaged {image.format} image ({exc})") from None
+    return image
+
+
+def cache_image(cache_dir: Path, data: bytes, extension: str) -> tuple[str, Path]:
+    """Store ``data`` as ``<sha256><extension>`` in the cache, read-only; returns (hash, path).
+
+    An existing entry is never rewritten: equal names mean equal bytes. Two
+    writers racing on one name both os.replace identical bytes, so either
+    wins harmlessly.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    target = cache_dir / f"{digest}{extension}"
+    if target.exists():
+        return digest, target
+    tmp = cache_dir / f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # training reads it nights later; make it survive a crash
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return digest, target
+
+
+def _cache_dir(ctx: ToolContext) -> Path:
+    configured = ctx.services.get("image_cache")
+    if configured is None:
+        raise ToolError("viewing images is not enabled in this bot (no image cache is configured)")
+    cache_dir = Path(configured).resolve()
+    root = ctx.workspace.root
+    if cache_dir == root or root in cache_dir.parents:
+        # The agent could rewrite cached images, and training would learn from forgeries.
+        raise RuntimeError(f"the image cache {cache_dir} lies inside a workspace; move it out")
+    return cache_dir
+
+
+def _describe(image, path: str, size: int) -> str:
+    width, height = image.size
+    frames = getattr(image, "n_frames", 1)
+    animated = f", {frames} frames" if frames > 1 else ""
+    return (f"{path}: {image.format} image, {width}x{height} pixels, mode {image.mode}{animated}, "
+            f"{human_size(size)}. You cannot see images (this model has no vision), so this is "
+            "all view_image can tell; a program (python) can analyse the pixels")
+
+
+@tool
+def view_image(ctx: ToolContext, path: str) -> ToolResult:
+    """Look at an image file (PNG, JPEG, GIF, WebP, ...). If you can see images, it is attached
+    for you to view; otherwise you get its size, format and colour mode.
+
+    Args:
+        path: The image file, relative to your workspace.
+    """
+    from PIL import Image
+
+    cache_dir = _cache_dir(ctx)
+    data = read_workspace_file(ctx, path, MAX_IMAGE_BYTES, "an image")
+    image = _identify(data, path)
+    extension = _EXTENSIONS.get(image.format, f".{(image.format or 'img').lower()}")
+    digest, cached = cache_image(cache_dir, data, extension)
+    width, height = image.size
+    mime = Image.MIME.get(image.format or "", "application/octet-stream")
+    meta = {"image": {"sha256": digest, "cache_path": str(cached), "mime": mime, "width": width,
+                      "height": height, "path": ctx.workspace.relative(ctx.workspace.resolve(path)),
+                      "bytes": len(data)}}
+    if ctx.services.get("vision"):
+        text = (f"{path} ({image.format}, {width}x{height} pixels, {human_size(len(data))}) is "
+                "attached for you to view")
+    else:
+        text = _describe(image, path, len(data))
+    return ToolResult(True, text, meta)
