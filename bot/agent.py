@@ -133,7 +133,9 @@ class Agent:
         history = await self.store.channel_history(channel, self.config.agent.history_messages)
         episode = await self.store.start_episode(channel, self.config.model.alias)
         system = self.system_prompt(channel)
-        await self._store(episode, Step(role="system", content=system))
+        # The tool schemas are stored with the prompt: the night renders what the model saw.
+        await self._store(episode, Step(role="system", content=system,
+                                        meta={"tools": self.tools.schemas()}))
         await self._store(episode, Step(role="user", content=text, name=speaker))
         messages = [{"role": "system", "content": system}, *history_messages(history),
                     {"role": "user", "content": text}]

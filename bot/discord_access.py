@@ -13,8 +13,9 @@ Nothing here touches the network, so every rule is tested with plain values.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from bot import admin
 from bot.config import Config

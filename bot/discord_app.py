@@ -21,18 +21,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import discord
 from discord.ext import commands
 
 from bot.channels import Busy
-from bot.discord_access import (Origin, channel_ids, channel_key, is_allowed, needs_mention,
-                                origin_of, strip_mentions)
+from bot.discord_access import (
+    Origin,
+    channel_ids,
+    channel_key,
+    is_allowed,
+    needs_mention,
+    origin_of,
+    strip_mentions,
+)
 from bot.discord_admin import add_admin_commands
-from bot.discord_render import (outgoing_files, save_attachments, send_reply, split_reply,
-                                upload_limit)
+from bot.discord_render import (
+    outgoing_files,
+    save_attachments,
+    send_reply,
+    split_reply,
+    upload_limit,
+)
 
 if TYPE_CHECKING:
     from bot.agent import TurnResult
@@ -44,10 +55,11 @@ __all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 logger = logging.getLogger("nightshift.discord")
 REACTION_LABELS = {"\N{WHITE HEAVY CHECK MARK}": "accepted", "\N{CROSS MARK}": "rejected"}
 REPLY_EVENT = "discord_reply"
-TURN_FAILED = "Sorry, something went wrong while answering that; the error is logged. Please try again."
+TURN_FAILED = ("Sorry, something went wrong while answering that; the error is logged. "
+               "Please try again.")
 
 
-def intents() -> discord.Intents:
+def default_intents() -> discord.Intents:
     """What the bot needs; members (a privileged intent) is not among them."""
     wanted = discord.Intents.none()
     wanted.guilds = True
@@ -90,8 +102,10 @@ class ReplyIndex:
 class NightshiftBot(commands.Bot):
     """The bot; it holds the Runtime but does not own it (the caller closes it)."""
 
-    def __init__(self, rt: Runtime) -> None:
-        super().__init__(command_prefix=rt.config.discord.command_prefix, intents=intents(),
+    def __init__(self, rt: Runtime, *, intents: discord.Intents | None = None) -> None:
+        # ``intents`` is for tests: dpytest makes its members through the member cache.
+        super().__init__(command_prefix=rt.config.discord.command_prefix,
+                         intents=intents or default_intents(),
                          help_command=None,
                          # The model writes the replies: it must never ping @everyone or roles.
                          allowed_mentions=discord.AllowedMentions(
@@ -138,14 +152,12 @@ class NightshiftBot(commands.Bot):
 
     async def _answer(self, message: discord.Message, text: str) -> None:
         key = channel_key(message.channel, message.author.id)
-        workspace = self.rt.spaces.context(key).workspace
         async with message.channel.typing():
-            notes = await save_attachments(message.attachments, workspace)
-            prompt = "\n".join([text, *notes]).strip()
-            outcome = await self._turn(key, prompt, message.author.display_name)
+            outcome = await self._turn(key, message, text)
         if isinstance(outcome, str):
             await send_reply(message, outcome)
             return
+        workspace = self.rt.spaces.context(key).workspace
         files, skipped = outgoing_files(workspace, outcome.files, upload_limit(message))
         try:
             sent = await send_reply(message, "\n".join([outcome.reply, *skipped]), files)
@@ -154,15 +166,18 @@ class NightshiftBot(commands.Bot):
                 file.close()
         await self.replies.record(key, outcome.episode_id, [m.id for m in sent])
 
-    async def _turn(self, key: str, text: str, speaker: str) -> TurnResult | str:
-        """The turn's result, or the text to answer instead (busy, or failed)."""
+    async def _turn(self, key: str, message: discord.Message, text: str) -> TurnResult | str:
+        """Save the attachments and run the turn; or the text to answer instead (busy, failed)."""
         try:
-            return await self.rt.turn(key, text, speaker)
+            workspace = self.rt.spaces.context(key).workspace
+            notes = await save_attachments(message.attachments, workspace)
+            prompt = "\n".join([text, *notes]).strip()
+            return await self.rt.turn(key, prompt, message.author.display_name)
         except Busy as exc:
             return str(exc)
         except asyncio.CancelledError:
             raise
-        except Exception:  # the worker logged the turn's error; the user gets a short one
+        except Exception:  # logged here; the user gets a short answer, the handler goes on
             logger.exception("turn in #%s failed", key)
             return TURN_FAILED
 

@@ -2,7 +2,7 @@
 
 Out: replies are split at Discord's 2,000-character limit without breaking
 code blocks; the first chunk replies to the user's message; files the agent
-sent are uploaded from its workspace with the last chunk. In: attachments are
+sent are uploaded from its workspace after the text. In: attachments are
 saved under ``uploads/`` in the workspace, never overwriting a file, and the
 agent is told their names. All user-visible Discord output goes through here
 (one seam), so the agent never knows which front end it speaks through.
@@ -18,8 +18,9 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Iterable, Sequence
 from pathlib import PurePosixPath
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import discord
 
@@ -77,20 +78,19 @@ def human_size(size: int) -> str:
 
 async def send_reply(message: discord.Message, text: str,
                      files: Sequence[discord.File] = ()) -> list[discord.Message]:
-    """Send ``text`` (split) as a reply to ``message``, then ``files``; return what was sent."""
-    chunks = split_reply(text)
-    batches = [list(files[i:i + FILES_PER_MESSAGE])
-               for i in range(0, len(files), FILES_PER_MESSAGE)]
+    """Send ``text`` (split) as a reply to ``message``, then ``files``; return what was sent.
+
+    The files follow in messages of their own (up to ten each), so every text
+    chunk stays a plain message whatever happens to an upload.
+    """
     # If the user's message is gone, still answer, just not as a reply to it.
     reference = message.to_reference(fail_if_not_exists=False)
     sent = []
-    for i, chunk in enumerate(chunks):
+    for i, chunk in enumerate(split_reply(text)):
         extra: dict[str, Any] = {"reference": reference} if i == 0 else {}
-        if i == len(chunks) - 1 and batches:
-            extra["files"] = batches.pop(0)
         sent.append(await message.channel.send(chunk, **extra))
-    for batch in batches:
-        sent.append(await message.channel.send(files=batch))
+    for start in range(0, len(files), FILES_PER_MESSAGE):
+        sent.append(await message.channel.send(files=list(files[start:start + FILES_PER_MESSAGE])))
     return sent
 
 
@@ -165,7 +165,8 @@ async def save_attachments(attachments: Sequence[discord.Attachment], workspace:
         try:
             data = await attachment.read()
             if len(data) > max_bytes:
-                raise ValueError(f"{human_size(len(data))} is over the {human_size(max_bytes)} limit")
+                raise ValueError(f"{human_size(len(data))} is over the "
+                                 f"{human_size(max_bytes)} limit")
             rel = await asyncio.to_thread(_write_free, workspace, name, data)
         except (discord.HTTPException, ValueError, OSError) as exc:
             logger.warning("attachment %s not saved: %s", name, exc)

@@ -8,15 +8,25 @@ the usage and the duration.
 The openai client's own retries are off: they would hammer a server that is
 restarting. Instead a request that fails because the server is unreachable,
 timed out or answered 5xx waits for the supervisor's ready event and is sent
-again, a bounded number of times. The client follows ``supervisor.base_url``,
-so a blue/green swap to another port needs no new LLM.
+again, a bounded number of times. While the supervisor says the server is not
+ready (a restart, a restart-mode swap), a request queues before it is sent,
+which costs no attempt. The client follows ``supervisor.base_url``, so a
+blue/green swap to another port needs no new LLM.
+
+For the swap's drain, the LLM counts its requests in flight per base URL and
+registers with the supervisor, which asks before it stops a server
+(``bot.swap``). The count goes up in the same synchronous step that reads the
+URL, and down when the request ends, however it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,7 +51,10 @@ class LLMError(RuntimeError):
 
 
 class Supervised(Protocol):
-    """What the LLM needs from a server supervisor."""
+    """What the LLM needs from a server supervisor.
+
+    Optional, used where present: ``ready`` (False: queue before sending) and
+    ``register_client(llm)`` (the swap's drain asks ``llm.in_flight(url)``)."""
 
     @property
     def base_url(self) -> str: ...
@@ -79,6 +92,14 @@ class LLM:
         self._fixed_url = base_url
         self._client: openai.AsyncOpenAI | None = None
         self._retired: list[openai.AsyncOpenAI] = []
+        self._in_flight: Counter[str] = Counter()  # base URL without trailing "/" -> requests
+        register = getattr(supervisor, "register_client", None)
+        if register is not None:
+            register(self)  # a swap drains our requests on the old server before stopping it
+
+    def in_flight(self, url: str) -> int:
+        """Requests sent to ``url`` and not yet ended (answered, failed or cancelled)."""
+        return self._in_flight[url.rstrip("/")]
 
     @property
     def base_url(self) -> str:
@@ -90,7 +111,7 @@ class LLM:
         url = self.base_url
         if self._client is None or str(self._client.base_url).rstrip("/") != url.rstrip("/"):
             if self._client is not None:
-                # Requests may still be draining on the old server; close it only in close().
+                # Requests may still be draining on the old server; _close_drained closes it.
                 self._retired.append(self._client)
                 logger.info("model server moved to %s", url)
             self._client = openai.AsyncOpenAI(
@@ -102,6 +123,24 @@ class LLM:
                 http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
             )
         return self._client
+
+    async def _close_drained(self) -> None:
+        """Close the clients of servers we moved away from, once nothing is in flight there."""
+        drained = [c for c in self._retired if not self.in_flight(str(c.base_url))]
+        self._retired = [c for c in self._retired if c not in drained]
+        for client in drained:
+            await client.close()
+
+    @contextlib.contextmanager
+    def _sending(self, client: openai.AsyncOpenAI) -> Iterator[None]:
+        url = str(client.base_url).rstrip("/")
+        self._in_flight[url] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[url] -= 1
+            if not self._in_flight[url]:
+                del self._in_flight[url]
 
     async def close(self) -> None:
         clients = [*self._retired, *([self._client] if self._client else [])]
@@ -150,11 +189,16 @@ class LLM:
         return reply
 
     async def _complete(self, params: dict[str, Any]) -> Reply:
+        await self._close_drained()
         for attempt in range(1, self.attempts + 1):
+            await self._until_ready(attempt - 1)
+            # No await from here until the request is counted: a swap that moves the
+            # supervisor after this point finds it in flight on the URL it was sent to.
             client = self._current_client()
             started = time.monotonic()
             try:
-                completion = await client.chat.completions.create(**params)
+                with self._sending(client):
+                    completion = await client.chat.completions.create(**params)
             except _RETRYABLE as exc:
                 if attempt == self.attempts:
                     raise LLMError(
@@ -179,20 +223,32 @@ class LLM:
                 return _reply(completion, (time.monotonic() - started) * 1000, attempt)
         raise AssertionError("unreachable")
 
+    async def _until_ready(self, attempts: int) -> None:
+        """Queue while the supervisor says the server is away; ``attempts`` made so far."""
+        # A loop: the ready event can be cleared again between its set and our wake-up.
+        while self.supervisor is not None and not getattr(self.supervisor, "ready", True):
+            await self._wait_ready(attempts)
+
     async def _wait_for_server(self, attempt: int) -> None:
         # Back off first: a failure can reach us before the watchdog has noticed and cleared
         # the ready event, and wait_ready would then return at once.
         await asyncio.sleep(self.backoff_s * attempt)
-        if self.supervisor is None:
-            return
+        if self.supervisor is not None:
+            await self._wait_ready(attempt)
+
+    async def _wait_ready(self, attempts: int) -> None:
+        # The longest the supervisor keeps the server away: a restart-mode swap drains
+        # (request timeout), stops (grace), starts, and may start the old model again;
+        # a watchdog restart may wait out its cooldown first.
         server = self.config.server
-        timeout = server.start_timeout_s + self.config.watchdog.restart_cooldown_s
+        timeout = (server.request_timeout_s + server.stop_grace_s + 2 * server.start_timeout_s
+                   + self.config.watchdog.restart_cooldown_s)
         try:
             await self.supervisor.wait_ready(timeout)
         except TimeoutError as exc:
             raise LLMError(
                 f"the model server at {self.base_url} did not become ready again: {exc}",
-                attempts=attempt,
+                attempts=attempts,
             ) from exc
 
 

@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -50,16 +51,19 @@ from bot.server_kinds import (  # noqa: E402 - re-exported for callers of bot.se
     ServerStartError,
     server_kind,
 )
+from bot.swap import SWAP_MODES, Swapping  # noqa: E402
 
-__all__ = ["SERVER_KINDS", "ServerKind", "ServerNotReady", "ServerStartError",
+__all__ = ["SERVER_KINDS", "SWAP_MODES", "ServerKind", "ServerNotReady", "ServerStartError",
            "ServerSupervisor", "server_kind"]
 
 
 # ---------------------------------------------------------------- supervisor
 
 
-class ServerSupervisor:
-    """Owns one server process (or, for ``external``, one endpoint) and its watchdog."""
+class ServerSupervisor(Swapping):
+    """Owns one server process (or, for ``external``, one endpoint) and its watchdog.
+
+    ``swap`` (from ``bot.swap``) replaces the served GGUF without losing a request."""
 
     def __init__(
         self,
@@ -79,9 +83,11 @@ class ServerSupervisor:
         self.last_restart_reason: str | None = None
         self._proc: subprocess.Popen | None = None
         self._ready = asyncio.Event()
-        self._lock = asyncio.Lock()  # one start/stop/restart at a time
+        self._lock = asyncio.Lock()  # one start/stop/restart/swap at a time
         self._watchdog: asyncio.Task | None = None
         self._last_restart_at = float("-inf")
+        self.generation = 0  # counts the processes we served; the watchdog notices a new one
+        self._clients: weakref.WeakSet = weakref.WeakSet()  # asked before a swap stops a server
 
     # -- state
 
@@ -152,6 +158,7 @@ class ServerSupervisor:
         await self._check_port_free()
         argv = self.kind.command(self.config, self.gguf, self.host, self.port)
         await asyncio.to_thread(self._open_log, argv)
+        self.generation += 1
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 argv,
@@ -354,12 +361,13 @@ class ServerSupervisor:
 
     async def _watch(self) -> None:
         dog = self.config.watchdog
-        failures = 0
-        busy_since: float | None = None
+        failures, busy_since, generation = 0, None, self.generation
         while True:
             await asyncio.sleep(dog.interval_s)
             if self._lock.locked():
-                continue  # a start, stop or restart is under way; it probes for itself
+                continue  # a start, stop, restart or swap is under way; it probes for itself
+            if self.generation != generation:  # another process now: judge it afresh
+                failures, busy_since, generation = 0, None, self.generation
             try:
                 failures, busy_since = await self._watch_once(failures, busy_since)
             except ServerStartError as exc:
@@ -374,12 +382,17 @@ class ServerSupervisor:
     ) -> tuple[int, float | None]:
         """One canary round; returns the new (consecutive failures, busy since)."""
         dog = self.config.watchdog
+        generation = self.generation
         status = self._exit_status() if self.kind.spawns else None
         if status is not None:
             why, failures = f"the server process {status}", dog.failures_before_restart
         else:
             cpu_before = _cpu_seconds(self.pid)
             ok, why = await self._canary()
+            if self._lock.locked() or self.generation != generation:
+                # A start, stop, restart or swap began meanwhile and owns the ready state;
+                # marking it ready now would let requests through mid-swap.
+                return failures, busy_since
             if ok:
                 if not self.healthy:
                     logger.info("server at %s answers the canary again", self.base_url)
@@ -407,6 +420,8 @@ class ServerSupervisor:
             return failures, busy_since
         reason = f"{failures} consecutive canary failures; last: {why}"
         async with self._lock:
+            if self.generation != generation:
+                return 0, None  # a swap replaced the server while we probed the old one
             await self._restart_locked(reason, hard=True)
         return 0, None
 

@@ -66,7 +66,8 @@ def find_bwrap() -> str | None:
 
 def bwrap_version(path: str) -> tuple[int, ...]:
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
     match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
@@ -102,7 +103,7 @@ def setup_user(name: str = SANDBOX_USER) -> tuple[int, int]:
         done = subprocess.run(
             [useradd, "--system", "--no-create-home", "--user-group",
              "--shell", "/usr/sbin/nologin", name],
-            capture_output=True, text=True, env={"PATH": HOST_PATH},
+            capture_output=True, text=True, env={"PATH": HOST_PATH}, check=False,
         )
         try:
             entry = pwd.getpwnam(name)
@@ -173,9 +174,10 @@ def bwrap_argv(bwrap: str, *, workspace: Path, data_fds: dict[str, int], tmp_byt
     /proc/PID/cmdline.
     """
     mounts = _mounts(workspace, data_fds, tmp_bytes)
-    common = ["--die-with-parent", "--new-session", *mounts, "--chdir", str(MOUNT_POINT)]
+    common = ["--die-with-parent", "--new-session", *mounts]
+    chdir = ["--chdir", str(MOUNT_POINT)]
     if drop_to is None:
-        return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", *common, "--"]
+        return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", *common, *chdir, "--"]
     uid, gid = drop_to
     outer = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
              "--unshare-cgroup-try",
@@ -184,9 +186,13 @@ def bwrap_argv(bwrap: str, *, workspace: Path, data_fds: dict[str, int], tmp_byt
              "--cap-add", "CAP_SETPCAP", *common]
     drop = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--"]
-    # The inner bwrap keeps the outer mount tree (--bind / /) and adds the user namespace.
+    # The inner bwrap keeps the outer mount tree and adds the user namespace. --dev-bind,
+    # because --bind would mark it nodev and break /dev/null; the outer mounts' own
+    # nosuid/nodev/ro flags stay (a user namespace cannot clear them). Only the inner
+    # one changes into the workspace: the outer root kept no capability to enter a
+    # 0700 directory of the sandbox user's.
     inner = [bwrap, "--unshare-user", "--disable-userns", "--die-with-parent",
-             "--bind", "/", "/", "--chdir", str(MOUNT_POINT), "--"]
+             "--dev-bind", "/", "/", *chdir, "--"]
     return [*outer, "--", *drop, *inner]
 
 
@@ -198,21 +204,25 @@ def _mounts(workspace: Path, data_fds: dict[str, int], tmp_bytes: int) -> list[s
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    prefix = interpreter_prefix()
-    if prefix is not None:
-        # bwrap makes missing parents 0700 (unusable by the sandbox user); make them
-        # 0755 first. Only the prefix itself is bound: nothing else of its parents shows.
-        for parent in reversed(prefix.parents[:-1]):
-            args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind", str(prefix), str(prefix)]
     args += ["--proc", "/proc", "--dev", "/dev"]
     # Private, sized tmpfs: RAM-backed, so the size is what bounds the memory they take.
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", tmp]
+    prefix = interpreter_prefix()
+    if prefix is not None:
+        # After the tmpfs mounts, which would hide a prefix under /tmp. bwrap makes
+        # missing parents 0700 (unusable by the sandbox user): make them 0755 first.
+        # Only the prefix itself is bound: nothing else of its parents shows.
+        for parent in reversed(prefix.parents[:-1]):
+            args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind", str(prefix), str(prefix)]
     args += ["--perms", "0755", "--dir", "/etc"]
     for path in _ETC_SHARED:
         args += ["--ro-bind-try", path, path]
     for path, fd in data_fds.items():
         args += ["--perms", "0444", "--ro-bind-data", str(fd), path]
     args += ["--bind", str(workspace), str(MOUNT_POINT)]
+    # bwrap's root is a tmpfs owned by whoever runs bwrap (the bot's user, when not
+    # root): without this, a program could fill RAM through /, /etc or /root.
+    args += ["--remount-ro", "/"]
     return args

@@ -91,7 +91,7 @@ def nonce_script(messages, kwargs):
         return call("write_file", {"path": "nonce.txt", "content": nonce}, "w")
     if last["name"] == "write_file":
         return call("read_file", {"path": "nonce.txt"}, "r")
-    return say("my nonce is " + last["content"].split("|")[-1].strip().split()[-1])
+    return say("my nonce is " + re.search(r"N\d{3}x\d{3}", last["content"]).group())
 
 
 async def test_fifty_channels_in_parallel_never_leak_into_each_other(tmp_path):

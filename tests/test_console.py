@@ -62,5 +62,6 @@ def test_piped_run_replies_through_the_real_server_and_stores_the_turn(tmp_path,
     assert len(replies) == 1 and len(replies[0]) > len("[#general] ")
     db = sqlite3.connect(tmp_path / "data/nightshift.db")
     rows = db.execute("SELECT role, content FROM steps ORDER BY id").fetchall()
-    assert [r[0] for r in rows] == ["user", "assistant"]
-    assert rows[0][1] == "hello" and rows[1][1].strip()
+    roles = [r[0] for r in rows]
+    assert roles[:2] == ["system", "user"] and rows[1][1] == "hello"
+    assert "assistant" in roles

@@ -8,7 +8,8 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from sandbox.paths import Workspace
-from tools import Tool, ToolContext, _is_optional, default_registry
+from tools import Tool, ToolContext, default_registry
+from tools.schema import is_optional
 
 REGISTRY = default_registry()
 
@@ -47,7 +48,7 @@ async def test_tool_contract(t: Tool, tmp_path: Path):
         await refused({**base, name: WRONG[spec["type"]]}, name)
         if "enum" in spec:
             await refused({**base, name: "no-such-choice"}, name, spec["enum"][0])
-        if not _is_optional(param.hint):
+        if not is_optional(param.hint):
             await refused({**base, name: None}, name)
     for name in parameters["required"]:
         await refused({k: v for k, v in base.items() if k != name}, name, "missing")

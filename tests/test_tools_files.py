@@ -9,6 +9,7 @@ import pytest
 
 from sandbox.paths import PathEscape, Workspace
 from tools import ToolContext, default_registry
+from tools.fsroot import FsRoot
 from tools.system import read_sys_section, reset_sys_section
 
 REGISTRY = default_registry()
@@ -214,7 +215,8 @@ async def test_file_info_tells_type_size_and_lines(ctx):
 
 async def test_outline_lists_classes_functions_with_lines_and_signatures(ctx):
     write(ctx, "m.py", "class A(Base):\n    def f(self, x: int = 1) -> str:\n        return ''\n\n"
-                       "    @staticmethod\n    async def g():\n        pass\n\ndef top(*args, **kw):\n    pass\n")
+                       "    @staticmethod\n    async def g():\n        pass\n\n"
+                       "def top(*args, **kw):\n    pass\n")
     out = await ok(ctx, "outline", path="m.py")
     assert out.splitlines() == [
         "m.py (10 lines)",
@@ -304,3 +306,20 @@ async def test_paths_leading_out_of_the_workspace_are_refused_with_the_jails_mes
     assert str(jail.value) in result.output
     assert (outside / "secret.txt").read_text() == "secret"
     assert not (tmp_path / "outside.txt").exists()
+
+
+def test_a_folder_swapped_for_a_link_after_the_jail_check_is_not_followed(ctx, tmp_path):
+    """The TOCTOU gap: a job swaps a checked folder for a link out before the tool writes."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ctx.workspace.root / "d").mkdir()
+    checked = ctx.workspace.resolve("d/x.txt")
+    (ctx.workspace.root / "d").rmdir()
+    os.symlink(outside, ctx.workspace.root / "d")
+    with pytest.raises(PathEscape):
+        with ctx.journal.change("write_file d/x.txt") as tx:
+            tx.write(checked, b"leak")
+    with pytest.raises(PathEscape):
+        FsRoot(ctx.workspace.root).read("d/x.txt")
+    assert list(outside.iterdir()) == []
+    assert ctx.journal.log()[0] == []

@@ -98,6 +98,19 @@ async def test_read_pdf_pages_ten_at_a_time_and_says_how_to_continue(ctx):
     assert "pages 4-5 of 13" in two.output and "start_page=6" in two.output
 
 
+async def test_read_pdf_stops_early_when_pages_are_long_and_continues_from_there(ctx, monkeypatch):
+    monkeypatch.setattr(tools.media, "MAX_PDF_CHARS", 40)
+    put(ctx, "dense.pdf", text_pdf([f"Page {i} has a fairly long line" for i in range(1, 5)]))
+    first = await call(ctx, "read_pdf", path="dense.pdf")
+    assert "pages 1-1 of 4" in first.output and "start_page=2" in first.output
+
+
+async def test_read_pdf_says_when_a_pdf_has_no_pages(ctx):
+    put(ctx, "empty.pdf", text_pdf([]))
+    result = await call(ctx, "read_pdf", path="empty.pdf")
+    assert not result.ok and "without pages" in result.output
+
+
 async def test_read_pdf_refuses_bad_page_arguments(ctx):
     put(ctx, "doc.pdf", text_pdf(["only page"]))
     too_many = await call(ctx, "read_pdf", path="doc.pdf", pages=11)

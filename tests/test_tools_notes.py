@@ -64,7 +64,7 @@ async def test_search_finds_the_semantically_nearest_note(tmp_path, store):
     assert "Cats are small furry animals" in found
     assert "stock market" not in found
     hits = store.search("general", "kitten", k=3)
-    assert [h["title"] for h in hits][0] == "pets"
+    assert hits[0]["title"] == "pets"
     assert hits[0]["distance"] <= hits[1]["distance"] <= hits[2]["distance"]
     assert set(hits[0]) >= {"id", "title", "text", "distance", "scope"}
 

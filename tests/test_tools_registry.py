@@ -11,8 +11,7 @@ from typing import Literal
 import pytest
 
 from sandbox.paths import Workspace
-from tools import (MAX_OUTPUT_CHARS, Registry, ToolContext, ToolError, ToolResult, default_registry,
-                   tool)
+from tools import MAX_OUTPUT_CHARS, Registry, ToolContext, ToolError, ToolResult, default_registry, tool
 
 
 @tool
@@ -32,7 +31,8 @@ def greet(ctx: ToolContext, name: str, times: int = 1, loud: bool = False,
         tags: Labels to add.
         weight: Any number.
     """
-    return f"{'HI' if loud else 'hi'} {name} x{times} {tone} {tags or []} {weight} {threading.current_thread().name}"
+    thread = threading.current_thread().name
+    return f"{'HI' if loud else 'hi'} {name} x{times} {tone} {tags or []} {weight} {thread}"
 
 
 @tool

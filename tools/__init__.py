@@ -23,13 +23,14 @@ import importlib
 import inspect
 import json
 import logging
-import re
 import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
+
+from tools.schema import ArgumentError, check_value, is_optional, json_type, parse_docstring, type_word
 
 if TYPE_CHECKING:
     from sandbox.paths import Workspace
@@ -56,10 +57,6 @@ MAX_OUTPUT_CHARS = 16_000
 
 class ToolError(ValueError):
     """A refusal the model can act on; its message is the observation."""
-
-
-class ArgumentError(ValueError):
-    """The model's arguments do not fit the tool's schema."""
 
 
 @dataclass
@@ -123,7 +120,7 @@ class Tool:
     def schema(self) -> dict:
         properties = {}
         for p in self.params:
-            prop = {**_json_type(p.hint), "description": p.description}
+            prop = {**json_type(p.hint), "description": p.description}
             if not p.required and p.default is not None:
                 prop["default"] = p.default
             properties[p.name] = prop
@@ -138,7 +135,7 @@ class Tool:
 
     def usage(self) -> str:
         """The call's shape in one line, for error messages: ``read_file(path, offset?, limit?)``."""
-        parts = [f"{p.name}{'' if p.required else '?'}: {_type_word(p.hint)}" for p in self.params]
+        parts = [f"{p.name}{'' if p.required else '?'}: {type_word(p.hint)}" for p in self.params]
         return f"{self.name}({', '.join(parts)})"
 
     def bind(self, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -156,7 +153,7 @@ class Tool:
         kwargs = {}
         for name, value in arguments.items():
             try:
-                kwargs[name] = _check(value, known[name].hint)
+                kwargs[name] = check_value(value, known[name].hint)
             except ArgumentError as exc:
                 raise ArgumentError(f"{self.name}: argument {name!r} must be {exc}. "
                                     f"Call it as {self.usage()}.") from None
@@ -165,7 +162,7 @@ class Tool:
 
 def tool(fn: Callable[..., Any]) -> Tool:
     """Make ``fn`` a Tool; raises TypeError at import time for an undocumented or untyped parameter."""
-    description, arg_docs = _parse_docstring(fn)
+    description, arg_docs = parse_docstring(fn)
     if not description:
         raise TypeError(f"tool {fn.__name__} has no docstring description")
     hints = get_type_hints(fn)
@@ -179,9 +176,9 @@ def tool(fn: Callable[..., Any]) -> Tool:
             raise TypeError(f"tool {fn.__name__}: parameter {p.name!r} has no type hint")
         if p.name not in arg_docs:
             raise TypeError(f"tool {fn.__name__}: parameter {p.name!r} is not documented under Args:")
-        _json_type(hints[p.name])  # raises for unsupported hints
+        json_type(hints[p.name])  # raises for unsupported hints
         required = p.default is inspect.Parameter.empty
-        if required and _is_optional(hints[p.name]):
+        if required and is_optional(hints[p.name]):
             raise TypeError(f"tool {fn.__name__}: optional parameter {p.name!r} needs a default")
         params.append(Param(p.name, hints[p.name], arg_docs[p.name], required,
                             None if required else p.default))
@@ -296,130 +293,3 @@ def _describe_os_error(exc: OSError, ctx: ToolContext) -> str:
     except (ValueError, AttributeError):
         where = Path(str(exc.filename)).name
     return f"{reason}: {where}"
-
-
-# --- type hints: schema and checks -------------------------------------------------------
-
-
-def _is_optional(hint: Any) -> bool:
-    return get_origin(hint) in (Union, types.UnionType) and type(None) in get_args(hint)
-
-
-def _inner(hint: Any) -> Any:
-    """X for Optional[X]; raises for other unions."""
-    rest = [a for a in get_args(hint) if a is not type(None)]
-    if len(rest) != 1:
-        raise TypeError(f"unsupported union {hint}")
-    return rest[0]
-
-
-def _json_type(hint: Any) -> dict:
-    if _is_optional(hint):
-        return _json_type(_inner(hint))
-    simple = {str: "string", bool: "boolean", int: "integer", float: "number"}
-    if hint in simple:
-        return {"type": simple[hint]}
-    if get_origin(hint) is list and get_args(hint) == (str,):
-        return {"type": "array", "items": {"type": "string"}}
-    if get_origin(hint) is Literal:
-        choices = get_args(hint)
-        kinds = {type(c) for c in choices}
-        if kinds == {str}:
-            return {"type": "string", "enum": list(choices)}
-        if kinds == {int}:
-            return {"type": "integer", "enum": list(choices)}
-    raise TypeError(f"unsupported tool parameter type {hint!r}")
-
-
-def _type_word(hint: Any) -> str:
-    if _is_optional(hint):
-        return _type_word(_inner(hint))
-    if get_origin(hint) is Literal:
-        return " | ".join(json.dumps(c) for c in get_args(hint))
-    return {str: "string", bool: "boolean", int: "integer", float: "number"}.get(hint, "list of strings")
-
-
-def _check(value: Any, hint: Any) -> Any:
-    """``value`` as the hint's type, or ArgumentError("<expected>; got <what>")."""
-    if _is_optional(hint):
-        return None if value is None else _check(value, _inner(hint))
-    got = "null" if value is None else f"{_kind(value)} {_preview(value)}"
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise ArgumentError(f"a string; got {got}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise ArgumentError(f"true or false; got {got}")
-    if hint is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str) and re.fullmatch(r"\s*-?\d+\s*", value):
-            return int(value)  # small models quote numbers; the intent is clear
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ArgumentError(f"an integer; got {got}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ArgumentError(f"a number; got {got}")
-    if get_origin(hint) is list:
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return value
-        raise ArgumentError(f"a list of strings; got {got}")
-    if get_origin(hint) is Literal:
-        if value in get_args(hint) and type(value) in {type(c) for c in get_args(hint)}:
-            return value
-        raise ArgumentError(f"one of {', '.join(json.dumps(c) for c in get_args(hint))}; got {got}")
-    raise ArgumentError(f"{_type_word(hint)}; got {got}")
-
-
-def _kind(value: Any) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "object", type(None): "null"}.get(type(value), type(value).__name__)
-
-
-def _preview(value: Any) -> str:
-    simple = (str, int, float, bool, list, dict, type(None))
-    text = json.dumps(value, default=repr) if isinstance(value, simple) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-# --- docstrings ---------------------------------------------------------------------------
-
-_SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields|Examples?|Notes?):\s*$")
-_ARG_LINE = re.compile(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-
-
-def _parse_docstring(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
-    """The description (text before the first section) and the Args: descriptions."""
-    lines = inspect.cleandoc(fn.__doc__ or "").splitlines()
-    description: list[str] = []
-    args: dict[str, str] = {}
-    section = None
-    current = None
-    args_indent = 0
-    for line in lines:
-        header = _SECTION.match(line)
-        if header:
-            section = header.group(1)
-            continue
-        if section is None:
-            description.append(line)
-        elif section in ("Args", "Arguments") and line.strip():
-            match = _ARG_LINE.match(line.strip())
-            indent = len(line) - len(line.lstrip())
-            if match and (current is None or indent <= args_indent):
-                current, args_indent = match.group(1), indent
-                args[current] = match.group(2).strip()
-            elif current is not None:
-                args[current] = f"{args[current]} {line.strip()}".strip()
-    # Hard-wrapped lines become one paragraph; blank lines still separate paragraphs.
-    text = re.sub(r"(?<!\n)\n(?!\n)", " ", "\n".join(description).strip())
-    return text, args

@@ -334,5 +334,6 @@ def clear_scratch(ctx: ToolContext) -> str:
     except SnapshotTooLarge:
         # Too big to keep a copy of: scratch is throwaway space, so clear it anyway.
         ctx.workspace.clear_scratch()
-        return f"emptied scratch/ ({len(children)} entries); it was too large to keep, so undo cannot bring it back"
+        return (f"emptied scratch/ ({len(children)} entries); it was too large to keep a copy of, "
+                f"so undo cannot bring it back")
     return f"emptied scratch/ ({len(children)} entries; undo brings them back)"

@@ -151,11 +151,12 @@ class Journal:
         verb = "redo" if forward else "undo"
         for key, state in expect.items():
             if current[key] != state:
+                now = current[key]
+                how = ("its content differs from what that change left" if now.kind == state.kind == "file"
+                       else f"it is now {_describe(now)}, expected {_describe(state)}")
                 raise JournalConflict(
-                    f"{verb} refused: {_name(key)} changed outside the journal since "
-                    f"#{entry.id} ({entry.label}); it is now {_describe(current[key])}, "
-                    f"expected {_describe(state)}. Nothing was changed. Inspect it, then "
-                    f"edit it by hand instead.")
+                    f"cannot {verb} #{entry.id} ({entry.label}): {_name(key)} changed outside the "
+                    f"journal since; {how}. Nothing was changed. Inspect it, then edit it by hand.")
         self._check_room(entry, expect, target, verb)
         depth = lambda key: (key[1].count("/"), key)  # noqa: E731
         for key in sorted(expect, key=depth, reverse=True):
@@ -182,17 +183,18 @@ class Journal:
                 for child in self._walk_keys(key):
                     if child not in expect:
                         raise JournalConflict(
-                            f"{verb} refused: {_name(key)} now also holds {_name(child)}, which "
-                            f"#{entry.id} ({entry.label}) did not make. Nothing was changed.")
+                            f"cannot {verb} #{entry.id} ({entry.label}): {_name(key)} now also holds "
+                            f"{_name(child)}, which that change did not make. Nothing was changed.")
             parent = (key[0], key[1].rpartition("/")[0])
             if will.kind != "absent" and parent[1]:
                 ok = target[parent].kind == "dir" if parent in target else self._kind(parent) == "dir"
                 if not ok:
-                    raise JournalConflict(f"{verb} refused: the folder {_name(parent)} is gone, so "
-                                          f"{_name(key)} cannot be restored. Nothing was changed.")
+                    raise JournalConflict(f"cannot {verb} #{entry.id} ({entry.label}): the folder "
+                                          f"{_name(parent)} is gone, so {_name(key)} cannot be "
+                                          f"restored. Nothing was changed.")
             if will.kind == "file" and not self._blob_path(will.ref).is_file():
-                raise JournalConflict(f"{verb} refused: the journal lost the saved copy of "
-                                      f"{_name(key)}. Nothing was changed.")
+                raise JournalConflict(f"cannot {verb} #{entry.id} ({entry.label}): the journal lost "
+                                      f"the saved copy of {_name(key)}. Nothing was changed.")
 
     # --- paths, states, blobs ---
 
@@ -384,8 +386,9 @@ def _name(key: Key) -> str:
 
 
 def _describe(state: State) -> str:
-    return {"absent": "absent", "dir": "a folder", "link": f"a link to {state.ref}"}.get(
-        state.kind, f"a file with content {state.ref[:10]}")
+    return {"absent": "absent", "dir": "a folder", "link": f"a link to {state.ref}",
+            "special": "a special file (not a regular file, folder or link)"}.get(
+        state.kind, f"a file with content sha256:{state.ref[:10]}")
 
 
 def _summary(expect: dict[Key, State], target: dict[Key, State]) -> str:

@@ -69,7 +69,9 @@ def _open_pdf(data: bytes, path: str):
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise ToolError(f"{path} is encrypted with a password; it cannot be read here")
-        reader.pages[0]  # noqa: B018 - parse the page tree now, so damage shows here
+        # Counting pages parses the page tree, so a damaged file fails here, not mid-read.
+        if len(reader.pages) == 0:
+            raise ToolError(f"{path} is a PDF without pages; there is nothing to read")
         return reader
     except ToolError:
         raise

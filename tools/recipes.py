@@ -40,7 +40,8 @@ def template_params(template: str) -> list[str]:
             raise ToolError(f"placeholder {{{field}}} is not a plain name; use names like {{city}} "
                             f"(letters, digits, _), and {{{{ }}}} for literal braces")
         if spec and "{" in spec:
-            raise ToolError(f"placeholder {{{field}:{spec}}} nests another placeholder; that is not supported")
+            raise ToolError(f"placeholder {{{field}:{spec}}} nests another placeholder; "
+                            f"that is not supported")
         if field not in names:
             names.append(field)
     return names

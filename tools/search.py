@@ -268,4 +268,5 @@ def _outline_body(body: list[ast.stmt], level: int, lines: list[str]) -> None:
         else:
             prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
             returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-            lines.append(f"{indent}{decorators}{prefix} {node.name}({ast.unparse(node.args)}){returns}  {span}")
+            signature = f"{node.name}({ast.unparse(node.args)}){returns}"
+            lines.append(f"{indent}{decorators}{prefix} {signature}  {span}")

@@ -72,12 +72,12 @@ def update_sys(ctx: ToolContext, action: Literal["view", "replace", "append", "d
     if action == "append":
         if not text.strip():
             raise ToolError("append needs text")
-        new = "".join(f"{l}\n" for l in lines + text.rstrip("\n").splitlines())
+        new = "".join(f"{kept}\n" for kept in lines + text.rstrip("\n").splitlines())
         _write(ctx, new, "update_sys append")
         return f"appended; the section now has {len(new.splitlines())} lines"
     if not 1 <= line <= len(lines):
         raise ToolError(f"line must be between 1 and {len(lines)} (the section has {len(lines)} "
                         f"lines), got {line}; update_sys(action='view') shows them")
     removed = lines.pop(line - 1)
-    _write(ctx, "".join(f"{l}\n" for l in lines), f"update_sys delete line {line}")
+    _write(ctx, "".join(f"{kept}\n" for kept in lines), f"update_sys delete line {line}")
     return f"deleted line {line}: {removed}"

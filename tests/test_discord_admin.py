@@ -1,0 +1,194 @@
+"""Admin commands on Discord: ``!sleep``, the plain admin functions, the slash wrappers.
+
+``run_admin`` (permission check + action) is tested directly; each slash
+command is then called through ``bot.tree``'s callback with a real
+Interaction, and what it answered is read from the recorder (see
+tests/discord_helpers.py).
+"""
+
+from __future__ import annotations
+
+import discord.ext.test as dpytest
+import pytest
+from discord.ext.test import backend
+
+from bot.discord_access import Caller
+from bot.discord_admin import ACTIONS, REFUSAL, run_admin
+from tests.discord_helpers import (
+    discord_env_fixture,  # noqa: F401 - a fixture
+    labels,
+    make_config,
+    make_member,
+    recorder_fixture,  # noqa: F401 - a fixture
+    sent_messages,
+    start_runtime,
+)
+from tests.scripted import ScriptedLLM, say
+from tools.system import SECTION_FILE
+
+ALICE = Caller(1, (), "c1", "alice (1)")  # an admin by user id
+BOB = Caller(2, (3,), "c1", "bob (2)")
+
+
+# -- !sleep ----------------------------------------------------------------------------
+
+
+async def test_sleep_command_from_an_admin_queues_a_night(discord_env):
+    h = await discord_env([])
+    await dpytest.message("!sleep", channel=h.general, member=h.alice)  # no mention needed
+    [reply] = sent_messages()
+    assert reply.content.startswith("Night requested (job #1, queued)")
+    [job] = await h.rt.store.jobs("sleep")
+    assert job["state"] == "queued" and job["args"]["channel"] == str(h.general.id)
+    assert str(h.alice.id) in job["args"]["requested_by"]
+    assert h.llm.calls == []  # a command never reaches the agent
+
+
+async def test_sleep_command_from_a_non_admin_is_refused_politely(discord_env):
+    h = await discord_env([])
+    await dpytest.message("!sleep", channel=h.free, member=h.bob)
+    assert [m.content for m in sent_messages()] == [REFUSAL]
+    assert await h.rt.store.jobs("sleep") == [] and h.llm.calls == []
+
+
+# -- the plain functions ------------------------------------------------------------------
+
+ADMIN_CASES = {  # command -> (options, what the answer starts with); run in this order
+    "status": ({}, "model: base (base.gguf)"),
+    "sleep": ({}, "Night requested (job #1"),
+    "wake": ({}, "Cancelled night job(s) #1."),  # the night "sleep" just queued
+    "promote": ({"release_id": None}, "No candidate release to promote."),
+    "rollback": ({"release_id": 7}, "Release #7 is not a retired release."),
+    "label": ({"episode_id": 1, "label": "verified"}, "Episode #1 labelled verified."),
+    "sys show": ({}, "(this channel's editable system section is empty)"),
+    "sys reset": ({}, "This channel's editable system section was reset"),
+    "restart-server": ({}, "Model server restarted (pid 4243)."),
+    "notes-clean": ({}, ""),  # its text depends on whether notes are enabled
+}
+
+
+@pytest.fixture
+async def rt(tmp_path):
+    """A runtime with one episode (#1) in channel c1; user 1 and role 77 are admins."""
+    config = make_config(tmp_path, admin_user_ids=[1], admin_role_ids=[77])
+    rt = await start_runtime(config, ScriptedLLM([say("hi")]))
+    await rt.turn("c1", "hello")
+    yield rt
+    await rt.close()
+
+
+async def test_every_admin_action_runs_for_an_admin(rt):
+    assert set(ADMIN_CASES) == set(ACTIONS)
+    for name, (options, expected) in ADMIN_CASES.items():
+        answer = await run_admin(rt, ALICE, name, **options)
+        assert not answer.refused and answer.text.startswith(expected), (name, answer)
+    assert rt.supervisor.restarts == 1
+    assert labels(rt.config) == [(1, "verified", "admin")]
+
+
+async def test_an_admin_role_is_enough(rt):
+    answer = await run_admin(rt, Caller(5, (77,), "c1", "eve (5)"), "wake")
+    assert answer.text == "No night is queued or running."
+
+
+async def test_every_admin_action_is_refused_to_a_non_admin(rt):
+    for name, (options, _) in ADMIN_CASES.items():
+        answer = await run_admin(rt, BOB, name, **options)
+        assert answer.refused and answer.text == REFUSAL
+    assert await rt.store.jobs("sleep") == [] and rt.supervisor.restarts == 0
+    assert labels(rt.config) == []
+
+
+async def test_an_admin_action_that_raises_answers_its_error(rt):
+    async def broken(reason):
+        raise RuntimeError("no GPU left")
+
+    rt.supervisor.restart = broken
+    answer = await run_admin(rt, ALICE, "restart-server")
+    assert answer.text == "restart-server failed: no GPU left"
+
+
+# -- the slash wrappers -------------------------------------------------------------------
+
+SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expected start)
+    (["status"], {}, [], "model: base (base.gguf)"),
+    (["sleep"], {}, [], "Night requested (job #1"),
+    (["wake"], {}, [], "No night is queued or running."),
+    (["promote"], {}, [], "No candidate release to promote."),
+    (["rollback"], {"release_id": 3}, [{"name": "release_id", "type": 4, "value": 3}],
+     "Release #3 is not a retired release."),
+    (["label"], {"episode_id": 99, "label": "accepted"},
+     [{"name": "episode_id", "type": 4, "value": 99},
+      {"name": "label", "type": 3, "value": "accepted"}], "Not labelled: no episode 99"),
+    (["sys", "show"], {}, [], "(this channel's editable system section is empty)"),
+    (["sys", "reset"], {}, [], "This channel's editable system section was reset"),
+    (["restart-server"], {}, [], "Model server restarted"),
+    (["notes-clean"], {}, [], ""),
+]
+SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
+
+
+def tree_command(bot, path: list[str]):
+    command = bot.tree.get_command(path[0])
+    for name in path[1:]:
+        command = command.get_command(name)
+    return command
+
+
+def data_options(path: list[str], options: list[dict]) -> list[dict]:
+    """A subcommand's options nest under it, as Discord sends them."""
+    return [{"name": path[1], "type": 1, "options": options}] if len(path) > 1 else options
+
+
+async def test_every_admin_slash_command_is_registered_and_guild_only(discord_env):
+    h = await discord_env([])
+    commands = h.bot.tree.get_commands()
+    assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
+                                          "label", "sys", "restart-server", "notes-clean"}
+    assert all(c.guild_only for c in commands)
+    assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
+
+
+@pytest.mark.parametrize("path,kwargs,options,expected", SLASH_CASES, ids=SLASH_IDS)
+async def test_admin_slash_command_answers_an_admin(discord_env, recorder, path, kwargs,
+                                                    options, expected):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.alice, h.general, path[0],
+                                       data_options(path, options))
+    await tree_command(h.bot, path).callback(interaction, **kwargs)
+    assert [s.kind for s in recorder.sent] == ["deferred", "followup"]
+    assert not any(s.ephemeral for s in recorder.sent)
+    assert recorder.sent[1].content.startswith(expected)
+
+
+@pytest.mark.parametrize("path,kwargs,options,expected", SLASH_CASES, ids=SLASH_IDS)
+async def test_admin_slash_command_refuses_a_non_admin_ephemerally(discord_env, recorder, path,
+                                                                   kwargs, options, expected):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.bob, h.general, path[0],
+                                       data_options(path, options))
+    await tree_command(h.bot, path).callback(interaction, **kwargs)
+    assert [(s.kind, s.content, s.flags) for s in recorder.sent] == [("message", REFUSAL, 64)]
+    assert await h.rt.store.jobs("sleep") == [] and h.rt.supervisor.restarts == 0
+
+
+async def test_an_admin_role_grants_the_slash_commands(discord_env, recorder):
+    h = await discord_env([])
+    night_shift = backend.make_role("night-shift", h.general.guild)
+    carol = make_member("carol", h.general.guild, roles=[night_shift])
+    h.rt.config.discord.admin_role_ids = [night_shift.id]
+    await tree_command(h.bot, ["wake"]).callback(
+        recorder.interaction(h.bot, carol, h.general, "wake"))
+    assert [s.kind for s in recorder.sent] == ["deferred", "followup"]
+    assert recorder.sent[1].content == "No night is queued or running."
+
+
+async def test_a_long_slash_answer_is_split_over_followups(discord_env, recorder):
+    h = await discord_env([])
+    section = "\n".join(f"rule {i}: be brief and exact in every single answer" for i in range(70))
+    (h.rt.spaces.context(str(h.general.id)).state_dir / SECTION_FILE).write_text(section)
+    await tree_command(h.bot, ["sys", "show"]).callback(
+        recorder.interaction(h.bot, h.alice, h.general, "sys",
+                             data_options(["sys", "show"], [])))
+    followups = [s.content for s in recorder.sent if s.kind == "followup"]
+    assert len(followups) >= 2 and all(len(f) <= 2000 for f in followups)

@@ -1,0 +1,112 @@
+"""The losses against hand computations on tiny tensors (numbers written out)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.losses import echo_loss, oapl_loss, sdft_loss
+
+NAN = float("nan")
+
+
+def _oapl_inputs():
+    # One sequence of 6 tokens; message 0 = tokens 1-2, message 1 = tokens 4-5.
+    logp = torch.tensor([[0.0, -1.0, -2.0, -0.5, -1.5, -3.0]], requires_grad=True)
+    lag = torch.tensor([[0.0, -1.5, -2.0, -1.0, -1.0, -2.0]])
+    # log-ratio:          0    0.5   0    0.5  -0.5  -1.0
+    msg = torch.tensor([[-1, 0, 0, -1, 1, 1]])
+    adv = torch.tensor([0.2, -0.4])
+    return logp, lag, msg, adv
+
+
+def test_oapl_is_the_mean_squared_gap_between_beta_logratio_and_advantage():
+    logp, lag, msg, adv = _oapl_inputs()
+    loss, stats = oapl_loss(logp, lag, msg, adv, beta=0.1)
+    # message 0: sum 0.5 -> (0.1*0.5 - 0.2)^2 = 0.0225; message 1: sum -1.5 -> (-0.15 + 0.4)^2 = 0.0625
+    assert loss.item() == pytest.approx((0.0225 + 0.0625) / 2)
+    assert stats["terms"] == 2
+    assert stats["logratio_pos"] == pytest.approx(0.5) and stats["n_pos"] == 1
+    assert stats["logratio_neg"] == pytest.approx(-1.5) and stats["n_neg"] == 1
+    loss.backward()
+    # d/dlogp_t = (1/2) * 2 * (beta*S_i - A_i) * beta: message 0 -> -0.015, message 1 -> +0.025
+    expected = torch.tensor([[0.0, -0.015, -0.015, 0.0, 0.025, 0.025]])
+    assert torch.allclose(logp.grad, expected, atol=1e-7)
+
+
+def test_oapl_override_token_leaves_its_message_and_adds_its_own_term():
+    logp, lag, msg, adv = _oapl_inputs()
+    token_adv = torch.tensor([[NAN, NAN, NAN, NAN, NAN, -1.0]])  # the last token: stray end of turn
+    loss, stats = oapl_loss(logp, lag, msg, adv, beta=0.1, token_adv=token_adv)
+    # message 0: 0.0225; message 1 without token 5: sum -0.5 -> (-0.05 + 0.4)^2 = 0.1225;
+    # token 5: (0.1 * -1.0 - (-1.0))^2 = 0.81; mean of three terms.
+    assert loss.item() == pytest.approx((0.0225 + 0.1225 + 0.81) / 3)
+    assert stats["terms"] == 3
+    assert stats["logratio_neg"] == pytest.approx(-0.5)
+    assert stats["logratio_token"] == pytest.approx(-1.0) and stats["n_token"] == 1
+
+
+def test_oapl_skips_messages_without_advantage_and_is_zero_at_the_lag_policy():
+    logp, lag, msg, _ = _oapl_inputs()
+    adv = torch.tensor([0.2, NAN])  # message 1 was not judged
+    loss, stats = oapl_loss(logp, lag, msg, adv, beta=0.1)
+    assert loss.item() == pytest.approx(0.0225)
+    assert stats["terms"] == 1 and math.isnan(stats["logratio_neg"])
+    # At pi_theta = pi_lag the loss is the mean squared advantage.
+    loss, _ = oapl_loss(lag.clone(), lag, msg, torch.tensor([0.2, -0.4]))
+    assert loss.item() == pytest.approx((0.04 + 0.16) / 2)
+
+
+def test_oapl_without_any_term_is_zero_and_still_backpropagates():
+    logp, lag, _, _ = _oapl_inputs()
+    loss, stats = oapl_loss(logp, lag, torch.full((1, 6), -1), torch.zeros(0))
+    assert loss.item() == 0.0 and stats["terms"] == 0
+    loss.backward()
+    assert torch.equal(logp.grad, torch.zeros_like(logp))
+
+
+def test_oapl_treats_pi_lag_as_a_constant():
+    logp, lag, msg, adv = _oapl_inputs()
+    lag.requires_grad_(True)
+    oapl_loss(logp, lag, msg, adv)[0].backward()
+    assert lag.grad is None
+
+
+def test_echo_is_lambda_times_the_mean_of_per_sequence_length_normalised_ce():
+    logp = torch.tensor([[0.0, -1.0, -2.0, -3.0],
+                         [0.0, -4.0, -1.0, -1.0],
+                         [0.0, -9.0, -9.0, -9.0]], requires_grad=True)
+    obs = torch.tensor([[False, True, True, False],  # CE (1 + 2) / 2 = 1.5
+                        [False, False, False, True],  # CE 1 / 1 = 1.0
+                        [False, False, False, False]])  # no observation: not counted
+    loss = echo_loss(logp, obs, lam=0.05)
+    assert loss.item() == pytest.approx(0.05 * (1.5 + 1.0) / 2)
+    loss.backward()
+    # d/dlogp = -lam / n_seq / n_obs(b): row 0 -> -0.05/2/2, row 1 -> -0.05/2/1
+    expected = torch.tensor([[0, -0.0125, -0.0125, 0], [0, 0, 0, -0.025], [0, 0, 0, 0]])
+    assert torch.allclose(logp.grad, expected)
+
+
+def test_echo_without_observations_is_zero():
+    logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
+    assert echo_loss(logp, torch.zeros(1, 2, dtype=torch.bool)).item() == 0.0
+
+
+def test_sdft_is_the_reverse_kl_from_student_to_teacher_over_masked_tokens():
+    student = torch.log(torch.tensor([[[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]])).requires_grad_(True)
+    teacher = torch.log(torch.tensor([[[0.25, 0.75], [0.9, 0.1], [0.99, 0.01]]])).requires_grad_(True)
+    mask = torch.tensor([[True, True, False]])  # the third token is not distilled
+    loss = sdft_loss(student, teacher, mask)
+    # token 0: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.143841; token 1: 0; mean over 2 tokens.
+    # (The forward KL(teacher || student) would give 0.130812 for token 0.)
+    assert loss.item() == pytest.approx(0.143841 / 2, abs=1e-6)
+    loss.backward()
+    assert teacher.grad is None
+    assert student.grad[0, 2].abs().sum() == 0  # masked token: no gradient
+
+
+def test_sdft_is_zero_when_student_matches_teacher():
+    logp = torch.log_softmax(torch.randn(2, 3, 5), dim=-1)
+    assert sdft_loss(logp, logp.clone(), torch.ones(2, 3, dtype=torch.bool)).item() == pytest.approx(0, abs=1e-7)

@@ -1,0 +1,280 @@
+"""Training rows render to the tokens the served model saw (chatml-function-calling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from llama_cpp import llama_chat_format
+
+from bot.wire import FUNCTION_CALLING, server_messages
+from trainer.tokens import (
+    ACTION,
+    GENERATION_PROMPT,
+    IGNORE,
+    OBSERVATION,
+    render,
+    render_prompt,
+    render_row,
+    truncate,
+)
+
+HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
+
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file.",
+    "parameters": {"type": "object", "required": ["path"],
+                   "properties": {"path": {"type": "string", "description": "a <relative> path & 'name'"}}}}}]
+CALL = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}
+CALL_B = {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "b.txt"}'}}
+# An episode with tools: system, user, two tool calls in one message, their results, a text answer,
+# another user turn, a tool call, its result and a last answer. Text holds characters Jinja escapes.
+EPISODE = [
+    {"role": "system", "content": "You are <b>helpful</b> & 'brief'."},
+    {"role": "user", "content": 'Read "a.txt" and b.txt <now>.'},
+    {"role": "assistant", "content": None, "tool_calls": [CALL, CALL_B]},
+    {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "x < y && z"},
+    {"role": "tool", "tool_call_id": "c2", "name": "read_file", "content": "second file"},
+    {"role": "assistant", "content": "Both files are short."},
+    {"role": "user", "content": "And a.txt again?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "x < y && z"},
+    {"role": "assistant", "content": "It says x < y."},
+]
+CHAT = [
+    {"role": "system", "content": "You are brief."},
+    {"role": "user", "content": "Hi there"},
+    {"role": "assistant", "content": "Hello! How can I help?"},
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "\n\nBlue."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(HF_DIR))
+
+
+class _Captured(Exception):
+    pass
+
+
+class _PromptCatcher:
+    """Stands in for llama_cpp.Llama: the handler's first completion request holds the prompt."""
+
+    verbose = False
+
+    def create_completion(self, prompt: str, **kw):
+        raise _Captured(prompt)
+
+
+def _served_prompt(messages: list[dict], tools: list[dict] | None, tool_choice: str) -> str:
+    with pytest.raises(_Captured) as caught:
+        llama_chat_format.chatml_function_calling(
+            llama=_PromptCatcher(), messages=server_messages(messages, FUNCTION_CALLING),
+            tools=tools, tool_choice=tool_choice)
+    return caught.value.args[0]
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("cut", range(1, len(EPISODE) + 1))
+@pytest.mark.parametrize("tool_choice", ["auto", "none"])
+def test_prompt_text_equals_llama_cpp_template_including_html_escapes(cut, tool_choice):
+    messages = EPISODE[:cut]
+    assert render_prompt(messages, TOOLS, tool_choice) == _served_prompt(messages, TOOLS, tool_choice)
+
+
+def test_prompt_text_equals_template_for_odd_shapes():
+    # No system message (so no tool list at all), an unknown role, an empty answer.
+    odd = [{"role": "user", "content": "hi"}, {"role": "developer", "content": "ignored"},
+           {"role": "assistant", "content": ""}, {"role": "user", "content": "again"}]
+    for tools, choice in ((TOOLS, "auto"), (None, "none"), ([], "auto")):
+        assert render_prompt(odd, tools, choice) == _served_prompt(odd, tools, choice)
+
+
+def test_escaping_is_what_the_model_reads():
+    prompt = render_prompt(EPISODE[:4], TOOLS, "auto")
+    assert "{&#34;path&#34;: &#34;a.txt&#34;}functions.read_file:" in prompt  # calls: no separator
+    assert "x &lt; y &amp;&amp; z" in prompt
+    assert "a \\u003crelative\\u003e path \\u0026 \\u0027name\\u0027" in prompt  # tojson
+    assert not prompt.startswith("<|endoftext|>")  # no BOS
+
+
+@pytest.mark.parametrize("view,rows", [("tools", EPISODE), ("plain", EPISODE), ("plain", CHAT)])
+def test_rendering_is_prefix_preserving(tokenizer, view, rows):
+    tools = TOOLS if rows is EPISODE else None
+    for k, message in enumerate(rows):
+        if message["role"] != "assistant":
+            continue
+        head = render(rows[:k], tools, tokenizer, view=view, add_generation_prompt=True)
+        full = render(rows[:k + 1], tools, tokenizer, view=view)
+        n = len(head.ids)
+        assert full.ids[:n] == head.ids, f"message {k}"
+        assert full.kinds[:n] == head.kinds[:n] and full.messages[:n] == head.messages[:n]
+
+
+def test_context_is_exact_up_to_each_views_first_action(tokenizer):
+    for view, first in (("tools", 2), ("plain", 5)):
+        seq = render(EPISODE, TOOLS, tokenizer, view=view)
+        choice = "auto" if view == "tools" else "none"
+        prompt = _ids(tokenizer, render_prompt(EPISODE[:first], TOOLS, choice))
+        assert seq.ids[:len(prompt)] == prompt
+        assert seq.kinds[len(prompt)] == ACTION and seq.messages[len(prompt)] == first
+
+
+def test_plain_chat_context_is_exact_before_every_answer(tokenizer):
+    seq = render(CHAT, None, tokenizer, view="plain")
+    for k in (2, 4):
+        prompt = _ids(tokenizer, render_prompt(CHAT[:k], None, "none"))
+        assert seq.ids[:len(prompt)] == prompt
+        assert seq.messages[len(prompt)] == k
+
+
+def _decode(tokenizer, seq, kind, message=None) -> str:
+    return tokenizer.decode([i for i, k, m in zip(seq.ids, seq.kinds, seq.messages)
+                             if k == kind and (message is None or m == message)])
+
+
+def test_actions_are_what_the_model_generated(tokenizer):
+    tools_view, plain_view = render_row({"messages": EPISODE, "tools": TOOLS}, tokenizer)
+    assert tools_view.view == "tools" and plain_view.view == "plain"
+    # Tool calls as llama-cpp produced them; the harness's newlines are template glue.
+    assert (_decode(tokenizer, tools_view, ACTION, 2)
+            == 'functions.read_file:{"path": "a.txt"}functions.read_file:{"path": "b.txt"}<|im_end|>')
+    assert _decode(tokenizer, tools_view, ACTION, 7) == 'functions.read_file:{"path": "a.txt"}<|im_end|>'
+    # Text answers raw (no HTML escapes), each ending with the end-of-turn token.
+    assert _decode(tokenizer, plain_view, ACTION, 5) == "Both files are short.<|im_end|>"
+    assert _decode(tokenizer, plain_view, ACTION, 9) == "It says x < y.<|im_end|>"
+    assert {m for k, m in zip(tools_view.kinds, tools_view.messages) if k == ACTION} == {2, 7}
+    assert {m for k, m in zip(plain_view.kinds, plain_view.messages) if k == ACTION} == {5, 9}
+    # The text answer is context in the tools view, shown as the template showed it.
+    assert "message:\nBoth files are short.<|im_end|>" in tokenizer.decode(tools_view.ids)
+
+
+def test_observations_are_user_and_tool_contents_counted_once(tokenizer):
+    tools_view, plain_view = render_row({"messages": EPISODE, "tools": TOOLS}, tokenizer)
+    assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x &lt; y &amp;&amp; z"  # as served
+    assert _decode(tokenizer, tools_view, OBSERVATION, 1) == "Read &#34;a.txt&#34; and b.txt &lt;now&gt;."
+    assert "Result of" not in _decode(tokenizer, tools_view, OBSERVATION)
+    assert OBSERVATION not in plain_view.kinds  # already counted in the tools view
+    assert _decode(tokenizer, tools_view, IGNORE).startswith("<|im_start|>system\nYou are &lt;b&gt;")
+    (chat,) = render_row({"messages": CHAT, "tools": []}, tokenizer)
+    assert _decode(tokenizer, chat, OBSERVATION) == "Hi thereName a colour."
+
+
+def test_answer_is_tokenized_apart_from_its_prompt_as_it_was_generated(tokenizer):
+    (chat,) = render_row({"messages": CHAT, "tools": []}, tokenizer)
+    # Tokenized whole, "assistant\n" + "\n\nBlue." would merge "\n\n" across the boundary.
+    assert _decode(tokenizer, chat, ACTION, 4) == "\n\nBlue.<|im_end|>"
+    start = chat.action_positions(4)[0]
+    assert chat.ids[:start] == _ids(tokenizer, render_prompt(CHAT[:4], None, "none"))
+
+
+def test_tools_offered_but_never_called_leave_observations_to_the_plain_view(tokenizer):
+    messages = [*CHAT, {"role": "user", "content": "Bye."}]
+    (only,) = render_row({"messages": messages, "tools": TOOLS}, tokenizer)
+    assert only.view == "plain"
+    assert _decode(tokenizer, only, OBSERVATION) == "Hi thereName a colour.Bye."
+
+
+def test_plain_view_stops_after_its_last_answer(tokenizer):
+    messages = [*EPISODE[:6], {"role": "user", "content": "more"},
+                {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    tools_view, plain_view = render_row({"messages": messages, "tools": TOOLS}, tokenizer)
+    assert max(plain_view.messages) == 5
+    assert len(plain_view.ids) < len(tools_view.ids)
+
+
+def test_advantages_and_the_stray_end_of_turn_override(tokenizer):
+    row = {"messages": EPISODE, "tools": TOOLS,
+           "advantages": [None, None, 0.5, None, None, 0.25, None, None, None, -0.75],
+           "token_overrides": [{"message": 9, "token": -1, "advantage": -1.0}]}
+    tools_view, plain_view = render_row(row, tokenizer)
+    assert tools_view.advantages == {2: 0.5} and tools_view.token_advantages == {}
+    assert plain_view.advantages == {5: 0.25, 9: -0.75}
+    (position, advantage), = plain_view.token_advantages.items()
+    assert advantage == -1.0 and plain_view.ids[position] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert position == plain_view.action_positions(9)[-1]
+
+
+def test_truncation_drops_an_action_cut_in_two(tokenizer):
+    row = {"messages": CHAT, "tools": [], "advantages": [None, None, 0.5, None, 0.5],
+           "token_overrides": [{"message": 4, "token": -1, "advantage": -1.0}]}
+    (full,) = render_row(row, tokenizer)
+    middle = full.action_positions(4)[1]
+    cut = truncate(full, middle + 1)
+    assert len(cut.ids) == middle + 1
+    assert cut.advantages == {2: 0.5} and cut.token_advantages == {}
+    assert 4 not in {m for k, m in zip(cut.kinds, cut.messages) if k == ACTION}
+    assert truncate(full, len(full.ids)) is full
+
+
+def test_no_tools_row_has_one_plain_view_and_generation_prompt_ends_it(tokenizer):
+    (only,) = render_row({"messages": CHAT, "tools": []}, tokenizer)
+    assert only.view == "plain"
+    head = render(CHAT[:2], None, tokenizer, view="plain", add_generation_prompt=True)
+    assert tokenizer.decode(head.ids).endswith(GENERATION_PROMPT)
+
+
+def test_other_chat_formats_are_refused(tokenizer):
+    with pytest.raises(ValueError, match="chatml-function-calling"):
+        render_row({"messages": CHAT, "tools": []}, tokenizer, chat_format="chatml")
+
+
+# -- against the real llama.cpp ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(served_gguf):
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(served_gguf), n_ctx=2048,
+                           chat_format=FUNCTION_CALLING, verbose=False)
+
+
+@pytest.mark.slow
+def test_token_count_equals_llama_cpp_prompt_tokens_with_tools(llama, tokenizer):
+    """tool_choice=auto: the first completion of the handler is the prompt as rendered.
+
+    The usage that create_chat_completion returns under ``auto`` belongs to the
+    follow-up completions (the prompt plus ``message:`` or a whole call), so the
+    test reads the usage of the handler's first completion, the one on the bare
+    prompt, and stops the handler there.
+    """
+    messages = EPISODE[:4]
+    seen = []
+    real = llama.create_completion
+
+    def first_only(prompt, **kw):
+        seen.append((prompt, real(prompt=prompt, **{**kw, "max_tokens": 1})))
+        raise _Captured(prompt)
+
+    llama.create_completion = first_only
+    try:
+        with pytest.raises(_Captured):
+            llama.create_chat_completion(messages=server_messages(messages, FUNCTION_CALLING),
+                                         tools=TOOLS, tool_choice="auto", max_tokens=1)
+    finally:
+        del llama.create_completion
+    (prompt, completion), = seen
+    ours = render_prompt(messages, TOOLS, "auto")
+    assert prompt == ours
+    ids = _ids(tokenizer, ours)
+    assert completion["usage"]["prompt_tokens"] == len(ids)
+    assert llama.tokenize(ours.encode(), add_bos=True, special=True) == ids
+
+
+@pytest.mark.slow
+def test_token_count_equals_llama_cpp_prompt_tokens_without_tools(llama, tokenizer):
+    for messages, tools, choice in ((CHAT[:4], None, None), (EPISODE[:5], TOOLS, "none")):
+        reply = llama.create_chat_completion(messages=server_messages(messages, FUNCTION_CALLING),
+                                             tools=tools, tool_choice=choice, max_tokens=1)
+        ours = render_prompt(messages, tools, "none")
+        ids = _ids(tokenizer, ours)
+        assert reply["usage"]["prompt_tokens"] == len(ids)
+        assert llama.tokenize(ours.encode(), add_bos=True, special=True) == ids

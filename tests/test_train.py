@@ -1,0 +1,228 @@
+"""The LoRA loop on a tiny random Llama with the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import train as T
+from trainer.losses import echo_loss, oapl_loss
+
+HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
+TOOLS = [{"type": "function", "function": {
+    "name": "add", "description": "Add.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
+
+
+def _rows() -> list[dict]:
+    call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}
+    episode = {"kind": "episode", "episode_id": 1, "split": "train", "tools": TOOLS, "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add two."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "name": "add", "content": "4"},
+        {"role": "assistant", "content": "It is 4."}],
+        "advantages": [None, None, 0.5, None, -0.5],
+        "token_overrides": [{"message": 4, "token": -1, "advantage": -1.0}], "labels": []}
+    chat = {"kind": "episode", "episode_id": 2, "split": "train", "tools": [], "messages": [
+        {"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Hi again."}],
+        "advantages": [None, 0.8, None, -0.2], "token_overrides": [], "labels": []}
+    held_out = {**chat, "episode_id": 3, "split": "eval"}
+    return [episode, chat, held_out]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tensors here are tiny; on a busy CI machine extra threads only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(HF_DIR))
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
+                         tie_word_embeddings=True)  # no pad_token_id: it would zero <|im_end|>
+    path = tmp_path_factory.mktemp("tiny-base")
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(base_dir, tmp_path_factory):
+    """20 steps on one fixed batch (all sequences every step).
+
+    A tiny random model's logits span about one nat, so beta=1 keeps the OAPL
+    targets (A / beta nats) within reach, and a higher lr gets there in 20 steps.
+    """
+    out = tmp_path_factory.mktemp("adapter")
+    events = []
+    settings = T.Settings(steps=20, batch=64, micro_batch=2, lr=2e-3, beta=1.0, progress=False)
+    return T.train(_rows(), base_dir, out, settings, on_step=events.append), events
+
+
+def _tokenizer(base_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(base_dir))
+
+
+def _lora_nonzero(model) -> None:
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+
+
+def test_chunked_logprobs_equal_full_logits_and_so_do_gradients(base_dir):
+    model = T.load_model(base_dir, T.Settings())
+    _lora_nonzero(model)
+    ids = torch.randint(0, 49152, (2, 37))
+    policy = T.Policy(model, chunk=7)  # 72 positions: 10 full chunks and a partial one
+    ours = policy(ids)  # (2, 37)
+    ours[:, 1:].sum().backward()
+    ours_grads = [p.grad.clone() for p in model.parameters() if p.requires_grad]
+    model.zero_grad()
+    logits = model(input_ids=ids).logits  # (2, 37, V): the reference builds it whole
+    full = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    full.sum().backward()
+    full_grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert torch.equal(ours[:, 0], torch.zeros(2))
+    assert torch.allclose(ours[:, 1:], full, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(ours_grads, full_grads))
+
+
+def test_pi_lag_is_the_adapter_disabled_model_which_is_the_base(base_dir):
+    from transformers import AutoModelForCausalLM
+
+    settings = T.Settings(micro_batch=2)
+    tokenizer = _tokenizer(base_dir)
+    examples = T.build_examples(_rows(), tokenizer, settings)
+    model = T.load_model(base_dir, settings)
+    policy = T.Policy(model, chunk=16)
+    T.fill_lag(model, policy, examples, settings, tokenizer.pad_token_id, torch.device("cpu"))
+    _lora_nonzero(model)  # as if trained
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    for e in examples:
+        ids = e.ids[None]
+        with torch.no_grad():
+            ref = base(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+            adapted = policy(ids)[0, 1:]
+        assert torch.allclose(e.lag[1:], ref, atol=1e-5)
+        assert not torch.allclose(adapted, ref, atol=1e-3)
+
+
+def test_training_changes_the_lora_and_leaves_the_base_untouched(trained, base_dir):
+    from safetensors.torch import load_file
+
+    result, _ = trained
+    base = load_file(str(base_dir / "model.safetensors"))
+    lora = {n: p for n, p in result.model.named_parameters() if "lora_" in n}
+    assert len(lora) == 2 * 7 * 2  # A and B on 7 projections in 2 layers
+    assert all(p.abs().sum() > 0 for n, p in lora.items() if "lora_B" in n)  # B starts at zero
+    checked = 0
+    for name, p in result.model.named_parameters():
+        if "lora_" in name:
+            continue
+        assert not p.requires_grad
+        key = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        assert torch.equal(p.detach(), base[key]), name
+        checked += 1
+    assert checked >= 2 * 9 + 2
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in result.out_dir.iterdir()}
+    config = json.loads((result.out_dir / "adapter_config.json").read_text())
+    assert config["r"] == 16 and config["lora_alpha"] == 32
+    assert set(config["target_modules"]) == set(T.LORA_TARGETS)
+
+
+def test_oapl_loss_falls_on_a_fixed_batch(trained):
+    result, events = trained
+    assert [e["step"] for e in events] == list(range(1, 21))
+    assert result.sequences == 3  # the eval row is left out; the tools row gives two views
+    first, last = events[0], events[-1]
+    assert first["oapl"] == pytest.approx((0.25 + 0.25 + 1.0 + 0.64 + 0.04) / 5, rel=1e-4)  # A^2 at step 0
+    assert first["logratio_pos"] == 0 and first["logratio_neg"] == 0
+    assert last["oapl"] < 0.1 * first["oapl"]
+    assert last["logratio_pos"] > 0 > last["logratio_neg"]
+    assert {"echo", "total", "tokens_per_s", "grad_norm"} <= set(last)
+
+
+class _GradRecorder:
+    def __init__(self, params):
+        self.params, self.grads = params, None
+
+    def step(self):
+        self.grads = [p.grad.clone() for p in self.params]
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
+    from accelerate import Accelerator
+
+    tokenizer = _tokenizer(base_dir)
+    grads = {}
+    for micro in (1, 3):
+        settings = T.Settings(micro_batch=micro, grad_clip=1e9)
+        examples = T.build_examples(_rows(), tokenizer, settings)
+        model = T.load_model(base_dir, settings)
+        _lora_nonzero(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        recorder = _GradRecorder(trainable)
+        policy = T.Policy(model, chunk=64)
+        ctx = {"accelerator": Accelerator(cpu=True), "settings": settings, "policy": policy,
+               "model": model, "optimizer": recorder, "trainable": trainable,
+               "pad_id": tokenizer.pad_token_id}
+        T._train_step(ctx, examples)
+        grads[micro] = recorder.grads
+    # The reference: one forward over the whole batch, plain batch means.
+    batch = T.collate(examples, tokenizer.pad_token_id)
+    logp = policy(batch["ids"])
+    oapl, _ = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], token_adv=batch["tok_adv"])
+    (oapl + echo_loss(logp, batch["obs"])).backward()
+    for a, b, ref in zip(grads[1], grads[3], trainable):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+        assert torch.allclose(a, ref.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_cli_trains_from_jsonl_and_writes_the_adapter(base_dir, tmp_path, capsys):
+    data = tmp_path / "night.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    out = tmp_path / "adapter"
+    assert T.main(["--data", str(data), "--base", str(base_dir), "--out", str(out),
+                   "--steps", "1", "--micro-batch", "4", "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["steps"] == 1 and summary["sequences"] == 3
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_rows_without_anything_to_learn_are_refused(base_dir, tmp_path):
+    row = {"split": "eval", "tools": [], "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(ValueError, match="no training sequence"):
+        T.train([row], base_dir, tmp_path, T.Settings(progress=False))
+
+
+def test_batches_cover_every_sequence_once_per_epoch_and_feed_every_process():
+    import itertools
+
+    for n, batch, processes in ((10, 4, 1), (10, 4, 3), (3, 64, 1)):
+        per_epoch = T._batches_per_epoch(n, batch, processes)
+        batches = list(itertools.islice(T._batches(n, T.Settings(batch=batch), processes), 2 * per_epoch))
+        for epoch in (batches[:per_epoch], batches[per_epoch:]):
+            assert sorted(i for b in epoch for i in b) == list(range(n))
+            assert all(processes <= len(b) for b in epoch)
+        assert batches[:per_epoch] != batches[per_epoch:] or n < 4  # reshuffled each epoch

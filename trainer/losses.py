@@ -1,0 +1,122 @@
+"""The night's losses: OAPL, ECHO and SDFT, each a pure torch function.
+
+Inputs are per-token log-probabilities already gathered at the target token:
+``logp[b, t] = log pi(ids[b, t] | ids[b, <t])`` (shape ``(B, T)``), except for
+SDFT, which needs whole distributions (``(B, T, V)``).
+
+OAPL (arXiv 2602.19362), per judged assistant message i with advantage A_i::
+
+    loss = mean_i ( beta * sum_{t in y_i} [log pi_theta - log pi_lag] - A_i )^2
+
+A token-level override (e.g. the stray end-of-turn token, A_tok = -1) is one
+more action of its own: the token leaves its message's sum and adds the term
+``(beta * (log pi_theta_t - log pi_lag_t) - A_tok)^2``, averaged in with the
+message terms. So the message's advantage speaks for the rest of the message,
+and the override alone for that token. pi_lag is constant (detached).
+
+ECHO (arXiv 2605.24517): ``lam * mean_b [ -sum_t logp_obs / n_obs(b) ]``, the
+cross-entropy of each sequence's observation tokens normalised by their count
+(so a long tool output weighs as much as a short one), averaged over the
+sequences that have any.
+
+SDFT (arXiv 2601.19897): the per-token reverse KL from student to teacher,
+``KL(pi_s || pi_t) = sum_v pi_s(v) [log pi_s(v) - log pi_t(v)]``, averaged over
+the masked tokens. The teacher is the same model with privileged context (the
+accepted trajectory) and is detached here. Chunking caveat: a full-vocabulary
+distribution exists only for one chunk of positions at a time, so the caller
+evaluates this per chunk and combines chunks weighted by their masked-token
+counts (the mean over tokens makes that exact); to bound memory the caller
+must also free or checkpoint each chunk's ``(C, V)`` tensors before the next.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_NONE = float("nan")
+
+
+def oapl_loss(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    logp_lag: torch.Tensor,  # (B, T) log pi_lag of each token
+    msg_index: torch.Tensor,  # (B, T) long: index into advantages, -1 for other tokens
+    advantages: torch.Tensor,  # (M,) A_i per message; NaN for messages not judged
+    beta: float = 0.1,
+    token_adv: torch.Tensor | None = None,  # (B, T) A_tok per token; NaN where none
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """OAPL's squared regression of beta * log-ratio onto the advantage.
+
+    Returns the loss (mean over terms; 0 with a graph when there are none) and
+    stats: ``terms``, the mean message log-ratio (nats) of positively and of
+    negatively rewarded messages with their counts, and that of overridden
+    tokens. A runaway negative log-ratio (tens of nats) is the first sign of
+    collapse.
+    """
+    ratio = logp - logp_lag.detach()  # (B, T)
+    index = msg_index
+    overridden = torch.zeros_like(ratio, dtype=torch.bool)  # (B, T)
+    if token_adv is not None:
+        overridden = ~torch.isnan(token_adv)
+        index = index.masked_fill(overridden, -1)  # an overridden token leaves its message
+    in_message = index >= 0  # (B, T)
+    m = advantages.shape[0]
+    sums = ratio.new_zeros(m).index_add(0, index[in_message], ratio[in_message])  # (M,)
+    counts = ratio.new_zeros(m).index_add(
+        0, index[in_message], torch.ones_like(ratio[in_message]))  # (M,)
+    judged = (counts > 0) & ~torch.isnan(advantages)  # (M,)
+    message_terms = (beta * sums[judged] - advantages[judged]) ** 2  # (M',)
+    token_terms = ratio.new_zeros(0)
+    if token_adv is not None:
+        token_terms = (beta * ratio[overridden] - token_adv[overridden]) ** 2  # (K,)
+    terms = torch.cat([message_terms, token_terms])  # (M' + K,)
+    loss = terms.mean() if terms.numel() else logp.sum() * 0.0
+
+    with torch.no_grad():
+        positive = judged & (advantages > 0)
+        negative = judged & (advantages < 0)
+        stats = {
+            "terms": float(terms.numel()),
+            "logratio_pos": _mean(sums[positive]),
+            "n_pos": float(positive.sum()),
+            "logratio_neg": _mean(sums[negative]),
+            "n_neg": float(negative.sum()),
+            "logratio_token": _mean(ratio[overridden]),
+            "n_token": float(overridden.sum()),
+        }
+    return loss, stats
+
+
+def echo_loss(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    obs_mask: torch.Tensor,  # (B, T) bool: observation tokens
+    lam: float = 0.05,
+) -> torch.Tensor:
+    """lam * mean over sequences of the length-normalised CE of their observation tokens."""
+    mask = obs_mask.to(logp.dtype)  # (B, T)
+    n_obs = mask.sum(dim=1)  # (B,)
+    has = n_obs > 0  # (B,)
+    if not bool(has.any()):
+        return logp.sum() * 0.0
+    nll = -(torch.where(obs_mask, logp, torch.zeros_like(logp))).sum(dim=1)  # (B,)
+    return lam * (nll[has] / n_obs[has]).mean()
+
+
+def sdft_loss(
+    student_logp_full: torch.Tensor,  # (B, T, V) log pi_student over the vocabulary
+    teacher_logp_full: torch.Tensor,  # (B, T, V) log pi_teacher (privileged context)
+    mask: torch.Tensor,  # (B, T) bool: tokens of the trajectory being distilled
+) -> torch.Tensor:
+    """Mean over masked tokens of KL(pi_student || pi_teacher); the teacher is detached."""
+    student = student_logp_full
+    teacher = teacher_logp_full.detach().clamp_min(torch.finfo(teacher_logp_full.dtype).min)
+    p_student = student.exp()  # (B, T, V)
+    kl = (p_student * (student - teacher)).sum(dim=-1)  # (B, T)
+    weight = mask.to(kl.dtype)  # (B, T)
+    total = weight.sum()
+    if float(total) == 0.0:
+        return student.sum() * 0.0
+    return (kl * weight).sum() / total
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else _NONE

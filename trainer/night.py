@@ -1,0 +1,192 @@
+"""The night, part 1: from a stored day to advantages and a training set.
+
+    collect -> judge (windows) -> value (predict each sub-task) -> understand
+            -> advantages (store table + JSONL + manifest) -> memory update
+
+Every finished work item (a judged or skipped window, a prediction, an
+understanding score) is written to the store's night ledger as soon as it is
+done, so a night that crashed midway resumes without judging anything twice.
+The value memory is updated once, at the very end: no sub-task of this night
+influences another's prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from bot.config import Config
+from bot.store import Store
+from trainer.advantages import episode_row, message_advantages, value_row
+from trainer.client import JsonClient
+from trainer.collect import collect, write_manifest
+from trainer.judge import Judge, SubTask, Verifier, WindowResult, channel_days
+from trainer.secrets import SecretScanner
+from trainer.understanding import sampled, understanding_score
+from trainer.value import Prediction, ValueMemory, advantages, predict, prediction_reward
+
+Progress = Callable[[str, dict], None]
+
+
+@dataclass
+class NightResult:
+    night_id: int
+    dataset: Path
+    manifest: dict
+    counts: Counter = field(default_factory=Counter)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def night_dir(config: Config, night_id: int) -> Path:
+    return config.data_dir / "nights" / f"night-{night_id:04d}"
+
+
+async def run_part1(config: Config, store: Store, night_id: int, client: JsonClient,
+                    memory: ValueMemory, since: float | None, until: float,
+                    verifiers: list[Verifier] = (), progress: Progress = lambda s, d: None
+                    ) -> NightResult:
+    settings, counts, timings = config.night, Counter(), {}
+    clock = time.perf_counter()
+    scanner = SecretScanner(config.secret_values())
+    collection = await collect(store, scanner, settings.eval_percent, since, until)
+    days = channel_days(collection.episodes)
+    counts.update({f"excluded:{k}": v for k, v in collection.excluded.items()})
+    counts["episodes"] = len(collection.episodes)
+    timings["collect"] = time.perf_counter() - clock
+    progress("collected", dict(counts))
+
+    clock = time.perf_counter()
+    judge = Judge(client, settings, list(verifiers))
+    subtasks = await _judge_all(store, night_id, judge, days, counts, progress)
+    timings["judge"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    predictions = await _predict_all(store, night_id, client, memory, subtasks, settings, counts,
+                                     progress)
+    timings["value"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    understood = await _understand_all(store, night_id, client, collection.episodes, settings,
+                                       counts, progress)
+    timings["understand"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    rows, table = await _rows(store, days, collection, subtasks, predictions, understood, settings)
+    await store.save_advantages(night_id, table)
+    out = night_dir(config, night_id)
+    dataset = _write_jsonl(out / "train.jsonl", rows)
+    manifest = write_manifest(out / "manifest.json", collection, rows)
+    counts["rows"], counts["advantages"] = len(rows), len(table)
+    timings["advantages"] = time.perf_counter() - clock
+
+    memory.add_batch(subtasks, night_id, until)  # once, after everything was predicted
+    progress("advantages", dict(counts))
+    return NightResult(night_id, dataset, manifest, counts, timings)
+
+
+async def _judge_all(store: Store, night_id: int, judge: Judge, days: dict, counts: Counter,
+                     progress: Progress) -> list[SubTask]:
+    done = await store.records(night_id, "judgment")
+    subtasks: list[SubTask] = []
+    for channel, day in days.items():
+        for lo in range(0, len(day), judge.settings.window_messages):
+            key = f"{channel}:{lo}"
+            if key not in done:
+                result = await judge.judge_window(channel, day, lo)
+                done[key] = _window_record(result)
+                await store.put_record(night_id, "judgment", key, done[key])
+                progress("judging", {"window": key, "status": result.status})
+            else:
+                counts["windows_resumed"] += 1
+            record = done[key]
+            counts[f"windows_{record['status']}"] += 1
+            subtasks += [SubTask(**s) for s in record["subtasks"]]
+    counts["subtasks"] = len(subtasks)
+    return subtasks
+
+
+def _window_record(result: WindowResult) -> dict:
+    return {"status": result.status, "subtasks": [s.as_dict() for s in result.subtasks],
+            "attempts": result.attempts, "extends": result.extends, "reason": result.reason}
+
+
+async def _predict_all(store: Store, night_id: int, client: JsonClient, memory: ValueMemory,
+                       subtasks: list[SubTask], settings, counts: Counter,
+                       progress: Progress) -> dict[str, Prediction]:
+    done = await store.records(night_id, "prediction")
+    for subtask in subtasks:
+        if subtask.key in done:
+            continue
+        found = await predict(client, memory, subtask, settings.value_neighbours,
+                              settings.half_life_days)
+        done[subtask.key] = ({"missing": True} if found is None else
+                             {"reward": found.reward, "length": found.length, "prompt": found.prompt,
+                              "answer": found.answer, "neighbours": found.neighbours})
+        await store.put_record(night_id, "prediction", subtask.key, done[subtask.key])
+        progress("value", {"subtask": subtask.key})
+    out = {k: Prediction(k, v["reward"], v["length"], v["prompt"], v["answer"], v["neighbours"])
+           for k, v in done.items() if not v.get("missing")}
+    counts["predictions"] = len(out)
+    counts["predictions_missing"] = sum(1 for v in done.values() if v.get("missing"))
+    return out
+
+
+async def _understand_all(store: Store, night_id: int, client: JsonClient, episodes: list,
+                          settings, counts: Counter, progress: Progress) -> dict[int, float]:
+    done = await store.records(night_id, "understanding")
+    for episode in episodes:
+        key = str(episode.id)
+        if key in done or not sampled(episode.id, settings.understanding_fraction, settings.seed):
+            continue
+        score = await understanding_score(client, episode)
+        done[key] = {"score": score}
+        await store.put_record(night_id, "understanding", key, done[key])
+        progress("understanding", {"episode": episode.id})
+    out = {int(k): v["score"] for k, v in done.items() if v["score"] is not None}
+    counts["understood"] = len(out)
+    return out
+
+
+async def _rows(store: Store, days: dict, collection, subtasks: list[SubTask],
+                predictions: dict[str, Prediction], understood: dict[int, float],
+                settings) -> tuple[list[dict], list[dict]]:
+    task_adv = {}
+    for s in subtasks:
+        if s.key in predictions:
+            reward_adv, length_adv = advantages(s, predictions[s.key], settings.length_scale)
+            task_adv[s.key] = reward_adv + settings.length_weight * length_adv
+    covered: dict[int, list[float]] = {}
+    for channel, day in days.items():
+        mine = [s for s in subtasks if s.channel == channel]
+        covered.update(message_advantages(day, mine, task_adv))
+    strays = {e["payload"]["step_id"] for e in await store.events("stray_end_of_turn")
+              if e["payload"].get("answer") == "no"}
+    rows, table = [], []
+    for episode in collection.episodes:
+        row, adv = episode_row(episode, collection.split[episode.id], covered,
+                               understood.get(episode.id), strays, settings)
+        rows.append(row)
+        table += adv
+    by_key = {s.key: s for s in subtasks}
+    value_rewards = {k: prediction_reward(by_key[k], p) for k, p in predictions.items()
+                     if k in by_key}
+    if value_rewards:
+        baseline = sum(value_rewards.values()) / len(value_rewards)
+        rows += [value_row(predictions[k].prompt, predictions[k].answer, r, baseline)
+                 for k, r in value_rewards.items()]
+    return rows, table
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(partial, path)
+    return path

@@ -1,0 +1,402 @@
+"""The night's LoRA update: OAPL on judged actions plus ECHO on observations.
+
+Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
+
+1. pi_lag = the served checkpoint = this model with the LoRA disabled. Its
+   log-prob of every token is computed once, under ``no_grad``, the first time
+   a sequence is drawn (before any update that uses it), and cached: the base
+   never changes, so later epochs reuse it.
+2. For each micro-batch: log pi_theta of every token, in chunks (below);
+   ``oapl_loss`` on action tokens and ``echo_loss`` on observation tokens
+   (``trainer.losses``); backward, weighted so the accumulated gradient is that
+   of the batch means (messages for OAPL, sequences for ECHO).
+3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only.
+
+Memory: the LoRA (r=16, alpha=32, no dropout) sits on q, k, v, o, gate, up and
+down; gradient checkpointing is on; sequences are right-padded with no
+attention mask (causal attention never lets a real token see the padding
+after it), so attention takes its fused causal path. Log-probs never build a
+``[seq, vocab]`` logits tensor: the decoder runs to hidden states and
+``TargetLogProb`` applies the (frozen, tied) lm_head and log-softmax per chunk
+of ``chunk`` positions. Its backward needs no second pass over the
+vocabulary: for a frozen head, d log p(y_t)/d h_t = W[y_t] - E_{p_t}[W], one
+vector per position, stored in the forward.
+
+Placement: ``Accelerator()`` puts the model on the GPU when there is one (CPU
+otherwise) and reads the user's accelerate config. A GPU too small for the
+model: choose FSDP with ``fsdp_offload_params: true`` in ``accelerate config``
+(parameters live on the CPU between uses), and/or set ``offload_activations``
+(the checkpointed activations wait in host memory). Several GPUs or nodes::
+
+    accelerate config            # once: multi-GPU / multi-node, FSDP or DDP, mixed precision
+    accelerate launch -m trainer.train --data night.jsonl --base DIR --out DIR [--steps N]
+
+Each process trains its share of every batch; losses are scaled so the
+averaged gradient equals the single-process one.
+
+Simplifications:
+- Rows are rendered by ``trainer.tokens`` (see its exactness notes); sequences
+  longer than ``max_tokens`` are cut, and an action cut in two is dropped.
+- pi_lag is the float HF base; the served model is its q8_0 GGUF, so the
+  log-ratio at step 0 is 0 by construction, not the served model's exact value.
+- The learning rate is constant; stats in the progress events come from the
+  main process's share of the batch.
+- DeepSpeed ZeRO-3 is not supported (the chunked head reads lm_head's weight
+  directly); SDFT is a loss only, not wired into this loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import random
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer.losses import echo_loss, oapl_loss
+from trainer.tokens import ACTION, OBSERVATION, render_row
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class Settings:
+    beta: float = 0.1  # OAPL's KL strength; 1e-3 collapsed a prototype
+    echo_lambda: float = 0.05  # weight of the observation cross-entropy
+    lr: float = 2e-4
+    batch: int = 64  # sequences per optimizer step (gradient accumulation)
+    micro_batch: int = 2  # sequences per forward/backward
+    epochs: int = 1
+    steps: int | None = None  # optimizer steps; overrides epochs when set
+    max_tokens: int = 4096  # longer sequences are cut
+    seed: int = 0
+    chunk: int = 512  # positions per lm_head + log-softmax chunk
+    lora_r: int = 16
+    lora_alpha: int = 32
+    grad_clip: float = 1.0
+    gradient_checkpointing: bool = True
+    offload_activations: bool = False  # keep checkpointed activations in host memory (GPU)
+    progress: bool = True  # the tqdm bar
+
+
+@dataclass
+class TrainResult:
+    out_dir: Path
+    steps: int
+    sequences: int  # training sequences (a row gives one per view)
+    tokens: int  # tokens seen, summed over steps
+    seconds: float
+    history: list[dict] = field(default_factory=list)  # the on_step events
+    model: Any = field(default=None, repr=False)  # the PeftModel, still in memory
+
+
+# -- data ---------------------------------------------------------------------------
+
+
+@dataclass
+class Example:
+    ids: torch.Tensor  # (T,) long
+    msg: torch.Tensor  # (T,) long: slot in adv of a judged action token, else -1
+    adv: torch.Tensor  # (m,) the judged messages' advantages
+    tok_adv: torch.Tensor  # (T,) override advantages, NaN elsewhere
+    obs: torch.Tensor  # (T,) bool: observation tokens
+    terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
+    lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
+
+
+def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list[Example]:
+    """The train split's rows as sequences with something to learn."""
+    examples = []
+    for row in rows:
+        if row.get("split", "train") != "train":
+            continue
+        for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens):
+            example = _example(seq)
+            if example.terms or bool(example.obs.any()):
+                examples.append(example)
+    return examples
+
+
+def _example(seq: Any) -> Example:
+    slots = {m: s for s, m in enumerate(sorted(seq.advantages))}
+    kinds = torch.tensor(seq.kinds)
+    msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1
+                        for k, m in zip(seq.kinds, seq.messages)])
+    tok_adv = torch.full((len(seq.ids),), math.nan)
+    for position, advantage in seq.token_advantages.items():
+        tok_adv[position] = advantage
+    in_message = msg.masked_fill(~torch.isnan(tok_adv), -1)
+    terms = len(set(in_message[in_message >= 0].tolist())) + len(seq.token_advantages)
+    return Example(torch.tensor(seq.ids), msg,
+                   torch.tensor([seq.advantages[m] for m in sorted(seq.advantages)]),
+                   tok_adv, kinds == OBSERVATION, terms)
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors; message slots made unique across the micro-batch."""
+    length = max(len(e.ids) for e in examples)
+    b = len(examples)
+    out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
+           "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
+           "lag": torch.zeros(b, length), "real": torch.zeros(b, length, dtype=torch.bool)}
+    offset = 0
+    for row, e in enumerate(examples):
+        t = len(e.ids)
+        out["ids"][row, :t] = e.ids
+        out["msg"][row, :t] = torch.where(e.msg >= 0, e.msg + offset, e.msg)
+        out["tok_adv"][row, :t] = e.tok_adv
+        out["obs"][row, :t] = e.obs
+        out["real"][row, :t] = True
+        if e.lag is not None:
+            out["lag"][row, :t] = e.lag
+        offset += len(e.adv)
+    out["adv"] = torch.cat([e.adv for e in examples]) if offset else torch.zeros(0)
+    return out  # ids/msg/tok_adv/obs/lag/real: (B, T); adv: (M,)
+
+
+# -- model --------------------------------------------------------------------------
+
+
+def load_model(base_dir: str | Path, settings: Settings) -> Any:
+    """The base checkpoint in float32 with a fresh LoRA (B = 0, so pi_theta = pi_lag)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(settings.seed)
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    base.config.use_cache = False
+    if settings.gradient_checkpointing:
+        base.activation_checkpointing_enable({"use_reentrant": False},
+                                             offload=settings.offload_activations)
+    config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
+                        target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    with warnings.catch_warnings():  # peft still asks for the deprecated checkpointing name
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*")
+        return get_peft_model(base, config)
+
+
+class TargetLogProb(torch.autograd.Function):
+    """log softmax(h W^T)[y] per chunk of rows; W (the lm_head) must be frozen."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):  # (N, D), (V, D), (N,), int
+        logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # (N,)
+        direction = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None  # (N, D)
+        w = weight.to(hidden.dtype)
+        for start in range(0, hidden.shape[0], chunk):
+            h, y = hidden[start:start + chunk], targets[start:start + chunk]  # (C, D), (C,)
+            logits = (h @ w.T).float()  # (C, V): the only vocabulary-sized tensor
+            lse = torch.logsumexp(logits, dim=-1)  # (C,)
+            logp[start:start + chunk] = logits.gather(1, y[:, None])[:, 0] - lse
+            if direction is not None:
+                probs = logits.sub_(lse[:, None]).exp_()  # (C, V), in place
+                direction[start:start + chunk] = w[y] - (probs @ w.float()).to(w.dtype)  # (C, D)
+        ctx.save_for_backward(direction if direction is not None else hidden.new_empty(0))
+        return logp
+
+    @staticmethod
+    def backward(ctx, grad):  # grad: (N,)
+        (direction,) = ctx.saved_tensors
+        return grad[:, None].to(direction.dtype) * direction, None, None, None
+
+
+class Policy(nn.Module):
+    """Token log-probs of the LoRA model; one module, so accelerate can wrap it."""
+
+    def __init__(self, model: Any, chunk: int) -> None:
+        super().__init__()
+        self.model, self.chunk = model, chunk
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T)
+        core = self.model.get_base_model()
+        if core.lm_head.weight.requires_grad or core.lm_head.bias is not None:
+            raise ValueError("the chunked log-prob needs a frozen lm_head without bias")
+        hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
+        b, t, d = hidden.shape
+        flat = hidden[:, :-1].reshape(-1, d)  # (B*(T-1), D): position t predicts token t+1
+        logp = TargetLogProb.apply(flat, core.lm_head.weight, ids[:, 1:].reshape(-1), self.chunk)
+        return F.pad(logp.view(b, t - 1), (1, 0))  # (B, T); the first token has no log-prob
+
+
+# -- loop ---------------------------------------------------------------------------
+
+
+def _batches(n: int, settings: Settings, processes: int = 1) -> Iterator[list[int]]:
+    """Seeded shuffles of the examples, cut into batches, epoch after epoch.
+
+    A remainder too small to give every process a sequence joins the batch before it.
+    """
+    rng = random.Random(settings.seed)
+    while True:
+        order = list(range(n))
+        rng.shuffle(order)
+        starts = list(range(0, n, settings.batch))
+        if len(starts) > 1 and n - starts[-1] < processes:
+            starts.pop()
+        for start, stop in zip(starts, [*starts[1:], n]):
+            yield order[start:stop]
+
+
+def _batches_per_epoch(n: int, batch: int, processes: int) -> int:
+    full, rest = divmod(n, batch)
+    return full + (1 if rest and (rest >= processes or not full) else 0)
+
+
+def _micro_batches(chosen: list[Example], size: int) -> list[list[Example]]:
+    ordered = sorted(chosen, key=lambda e: len(e.ids))  # similar lengths pad less
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
+@torch.no_grad()
+def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: Settings,
+             pad_id: int, device: torch.device) -> None:
+    """pi_lag's log-probs (adapter disabled) for the examples that lack them."""
+    missing = [e for e in examples if e.lag is None]
+    with model.disable_adapter():
+        for micro in _micro_batches(missing, settings.micro_batch):
+            batch = collate(micro, pad_id)
+            logp = policy(batch["ids"].to(device)).float().cpu()  # (B, T)
+            for row, e in enumerate(micro):
+                e.lag = logp[row, :len(e.ids)]
+
+
+def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pad_id: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
+    logp = policy(batch["ids"])  # (B, T)
+    oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
+                            token_adv=batch["tok_adv"])
+    echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
+    return oapl, echo, stats
+
+
+def _train_step(ctx: dict, chosen: list[Example]) -> dict:
+    """One optimizer step over this process's share of a batch; returns its event."""
+    acc, settings, policy = ctx["accelerator"], ctx["settings"], ctx["policy"]
+    started = time.perf_counter()
+    mine = chosen[acc.process_index::acc.num_processes]
+    fill_lag(ctx["model"], policy, mine, settings, ctx["pad_id"], acc.device)
+    # Weights that turn micro-batch means into batch means, across processes too.
+    all_terms = max(sum(e.terms for e in chosen), 1)
+    all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
+    totals = {"oapl": 0.0, "echo": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
+    micros = _micro_batches(mine, settings.micro_batch)
+    for i, micro in enumerate(micros):
+        w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes
+        w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes
+        sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
+        with sync:
+            oapl, echo, stats = micro_losses(policy, micro, settings, ctx["pad_id"], acc.device)
+            acc.backward(oapl * w_oapl + echo * w_echo)
+        totals["oapl"] += float(oapl.detach()) * w_oapl / acc.num_processes
+        totals["echo"] += float(echo.detach()) * w_echo / acc.num_processes
+        for sign in ("pos", "neg"):
+            if stats[f"n_{sign}"]:
+                totals[sign] += stats[f"logratio_{sign}"] * stats[f"n_{sign}"]
+                totals[f"n_{sign}"] += stats[f"n_{sign}"]
+    grad_norm = acc.clip_grad_norm_(ctx["trainable"], settings.grad_clip)
+    ctx["optimizer"].step()
+    ctx["optimizer"].zero_grad(set_to_none=True)
+    tokens = sum(len(e.ids) for e in mine)
+    seconds = time.perf_counter() - started
+    return {
+        "oapl": totals["oapl"], "echo": totals["echo"], "total": totals["oapl"] + totals["echo"],
+        "logratio_pos": totals["pos"] / totals["n_pos"] if totals["n_pos"] else None,
+        "logratio_neg": totals["neg"] / totals["n_neg"] if totals["n_neg"] else None,
+        "grad_norm": float(grad_norm), "sequences": len(mine), "tokens": tokens,
+        "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
+    }
+
+
+def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
+          settings: Settings | None = None,
+          on_step: Callable[[dict], None] | None = None) -> TrainResult:
+    """Train a LoRA on the rows and save it (adapter_config.json, adapter_model.safetensors)."""
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
+    settings = settings or Settings()
+    started = time.perf_counter()
+    accelerator = Accelerator()
+    # data
+    tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    examples = build_examples(rows, tokenizer, settings)
+    if not examples:
+        raise ValueError("no training sequence: no train-split row has a judged action or an observation")
+    if len(examples) < accelerator.num_processes:
+        raise ValueError(f"{len(examples)} training sequences for {accelerator.num_processes} "
+                         "processes: launch fewer processes")
+    steps = settings.steps or settings.epochs * _batches_per_epoch(
+        len(examples), settings.batch, accelerator.num_processes)
+    # model
+    model = load_model(base_dir, settings)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
+    policy, optimizer = accelerator.prepare(Policy(model, settings.chunk), optimizer)
+    policy.train()
+    ctx = {"accelerator": accelerator, "settings": settings, "policy": policy, "model": model,
+           "optimizer": optimizer, "trainable": trainable, "pad_id": pad_id}
+    # loop
+    history, seen = [], 0
+    show = settings.progress and accelerator.is_local_main_process
+    bar = tqdm(total=steps, desc="train", disable=not show)
+    for step, chosen in zip(range(1, steps + 1), _batches(len(examples), settings, accelerator.num_processes)):
+        event = {"step": step, "steps": steps, **_train_step(ctx, [examples[i] for i in chosen])}
+        seen += event["tokens"]
+        history.append(event)
+        bar.update(1)
+        bar.set_postfix(oapl=f"{event['oapl']:.4f}", echo=f"{event['echo']:.4f}",
+                        tok_s=f"{event['tokens_per_s']:.0f}")
+        if on_step is not None and accelerator.is_main_process:
+            on_step(event)
+    bar.close()
+    # save
+    accelerator.wait_for_everyone()
+    out = Path(out_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        accelerator.unwrap_model(policy).model.save_pretrained(str(out))
+    return TrainResult(out, steps, len(examples), seen, time.perf_counter() - started, history, model)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = Settings()
+    parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", required=True, help="the night's training set (JSONL)")
+    parser.add_argument("--base", required=True, help="the HF checkpoint to start from")
+    parser.add_argument("--out", required=True, help="where the PEFT adapter is written")
+    for name in ("steps", "epochs", "batch", "micro_batch", "max_tokens", "seed", "chunk"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
+    for name in ("beta", "echo_lambda", "lr"):
+        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    args = parser.parse_args(argv)
+    settings = Settings(**{k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__},
+                        progress=not args.no_progress)
+    result = train(read_rows(args.data), args.base, args.out, settings)
+    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "sequences": result.sequences,
+               "tokens": result.tokens, "seconds": round(result.seconds, 1), "last": result.history[-1]}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
