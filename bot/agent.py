@@ -40,9 +40,10 @@ SUMMARY_PREFIX = "Summary of the earlier conversation: "
 STRAY_QUESTION = ("Did you mean to end your turn? Answer yes if your last message is your "
                   "final answer, or no if you still have work to do.")
 STRAY_CONTINUE = "Then continue: do the remaining work now, using the tools."
-STRAY_SCHEMA = {"type": "json_schema", "json_schema": {"name": "end_turn", "schema": {
+# json_object + schema: the form llama-cpp-python's server turns into a grammar.
+STRAY_SCHEMA = {"type": "json_object", "schema": {
     "type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
-    "required": ["answer"]}}}
+    "required": ["answer"]}}
 
 
 class ToolResultLike(Protocol):

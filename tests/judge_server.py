@@ -1,7 +1,7 @@
 """A deterministic scripted OpenAI-compatible server for the night's tests.
 
 ``answer(kind, body)`` returns the JSON the "model" says for a request, where
-kind is the response_format's schema name (judge_report, value_prediction,
+kind is the response_format's schema title (judge_report, value_prediction,
 understanding). Returning an int sends that HTTP status instead.
 """
 
@@ -22,7 +22,7 @@ class JudgeServer:
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
-        kind = (body.get("response_format") or {}).get("json_schema", {}).get("name", "")
+        kind = (body.get("response_format") or {}).get("schema", {}).get("title", "")
         self.requests.append((kind, body))
         out = self.answer(kind, body)
         if isinstance(out, int):

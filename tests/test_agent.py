@@ -161,7 +161,7 @@ async def test_stray_end_of_turn_is_questioned_and_the_agent_continues(store, tm
     result = await agent.turn("general", "add 2 and 2")
     assert result.ok and result.reply == "The sum is 4."
     assert llm.calls[1][0][-1]["content"] == STRAY_QUESTION
-    assert llm.calls[1][1]["response_format"]["type"] == "json_schema"
+    assert llm.calls[1][1]["response_format"]["type"] == "json_object"
     events = await store.events("stray_end_of_turn")
     assert len(events) == 1 and events[0]["payload"]["answer"] == "no"
     _, ep = await roles(store, result.episode_id)

@@ -123,7 +123,7 @@ async def test_the_judge_may_extend_the_window_before_reporting(store, tmp_path,
     first_window = [b for b in server.of(REPORT) if "messages 0 to 9" in b["messages"][1]["content"]]
     assert len(first_window) == 2
     assert "Later context" in first_window[1]["messages"][1]["content"]
-    end_enum = first_window[1]["response_format"]["json_schema"]["schema"]["properties"][
+    end_enum = first_window[1]["response_format"]["schema"]["properties"][
         "subtasks"]["items"]["properties"]["end"]["enum"]
     assert max(end_enum) == 11  # the sub-task may end inside the extended view
     assert result.counts["windows_judged"] == 2 and result.counts["subtasks"] == 1

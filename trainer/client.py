@@ -17,6 +17,13 @@ import openai
 from bot.config import Config
 
 
+def json_format(schema: dict) -> dict:
+    """A response_format that llama.cpp turns into a grammar. llama-cpp-python's server
+    accepts only "text" and "json_object" (with "schema"), not OpenAI's "json_schema";
+    llama.cpp's llama-server accepts this form too."""
+    return {"type": "json_object", "schema": schema}
+
+
 class ModelUnavailable(RuntimeError):
     """The served model could not be reached; the night stops, resumable."""
 
@@ -40,8 +47,7 @@ class JsonClient:
         try:
             completion = await self._client.chat.completions.create(
                 model=self.model, messages=messages, max_tokens=max_tokens, temperature=0,
-                response_format={"type": "json_schema",
-                                 "json_schema": {"name": name, "schema": schema}})
+                response_format=json_format({"title": name, **schema}))
         except (openai.APIConnectionError, openai.InternalServerError) as exc:
             raise ModelUnavailable(f"the model server failed: {exc}") from exc
         raw = (completion.choices[0].message.content or "") if completion.choices else ""

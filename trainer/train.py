@@ -149,7 +149,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     b = len(examples)
     out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
            "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
-           "lag": torch.zeros(b, length), "real": torch.zeros(b, length, dtype=torch.bool)}
+           "lag": torch.zeros(b, length)}
     offset = 0
     for row, e in enumerate(examples):
         t = len(e.ids)
@@ -157,12 +157,11 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         out["msg"][row, :t] = torch.where(e.msg >= 0, e.msg + offset, e.msg)
         out["tok_adv"][row, :t] = e.tok_adv
         out["obs"][row, :t] = e.obs
-        out["real"][row, :t] = True
         if e.lag is not None:
             out["lag"][row, :t] = e.lag
         offset += len(e.adv)
     out["adv"] = torch.cat([e.adv for e in examples]) if offset else torch.zeros(0)
-    return out  # ids/msg/tok_adv/obs/lag/real: (B, T); adv: (M,)
+    return out  # ids/msg/tok_adv/obs/lag: (B, T); adv: (M,)
 
 
 # -- model --------------------------------------------------------------------------
