@@ -241,6 +241,38 @@ class NightConfig(_Section):
         -1.0, le=0, description="advantage on a stray end-of-turn's last token (<= 0)"
     )
     seed: int = Field(0, description="an integer seed for the night's samples")
+    auto_promote: bool = Field(
+        False, description="true to serve a candidate that passes the gate at once"
+    )
+    gate_margin: float = Field(
+        0.05, description="how much better a candidate must score on held-out data"
+    )
+    regression_margin: float = Field(
+        0.5, ge=0, description="how much worse open chat may score before it is a regression"
+    )
+    eval_max: int = Field(32, ge=1, description="held-out prompts evaluated per night (>= 1)")
+    probes_file: Path | None = Field(
+        None, description="a JSONL file of {\"prompt\", \"expected\"} verifiable probes, or empty"
+    )
+    export_mode: Literal["merged", "adapter"] = Field(
+        "merged", description="merged (q8_0 GGUF of the merged model) or adapter (--lora_path)"
+    )
+    single_gpu: bool = Field(
+        False, description="true to stop serving while training (one GPU too small for both)"
+    )
+
+    _unset = field_validator("probes_file", mode="before")(_empty_is_none)
+
+
+class TrainConfig(_Section):
+    beta: float = Field(0.1, gt=0, description="OAPL's beta (> 0); 1e-3 collapsed a prototype")
+    echo_lambda: float = Field(0.05, ge=0, description="the ECHO loss weight (>= 0)")
+    lr: float = Field(2e-4, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
+    batch: int = Field(64, ge=1, description="sequences per optimizer step (>= 1)")
+    micro_batch: int = Field(2, ge=1, description="sequences per forward pass (>= 1)")
+    epochs: int = Field(1, ge=1, le=20, description="passes over the night's data (1..20)")
+    steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as epochs need")
+    max_tokens: int = Field(2048, ge=128, description="the longest training sequence (>= 128)")
 
 
 class SandboxConfig(_Section):
@@ -257,6 +289,7 @@ class Config(_Section):
     discord: DiscordConfig = Field(default_factory=DiscordConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     night: NightConfig = Field(default_factory=NightConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     # Where the config came from; None means embedded defaults.
@@ -388,6 +421,7 @@ def _resolve_paths(config: Config, base: Path) -> Config:
     config.model.gguf = resolve(config.model.gguf)
     config.model.hf_dir = resolve(config.model.hf_dir)
     config.server.binary = resolve(config.server.binary)
+    config.night.probes_file = resolve(config.night.probes_file)
     return config
 
 
@@ -405,6 +439,9 @@ def _check_exists(config: Config, path: Path) -> None:
             problems.append(
                 ("server.binary", binary, "name the llama-server executable for kind=llama-server")
             )
+    if config.night.probes_file and not config.night.probes_file.is_file():
+        problems.append(("night.probes_file", config.night.probes_file,
+                         "point it at a JSONL file of probes, or leave it empty"))
     if config.server.kind == "external" and not config.server.endpoint:
         problems.append(("server.endpoint", "", "set the server's URL for kind=external"))
     if problems:

@@ -1,20 +1,95 @@
-"""CLI of the trainer: python -m trainer setup|sleep|train|export|eval."""
+"""CLI of the trainer: python -m trainer [--config FILE] setup|sleep|train|export|eval."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import sys
+from datetime import datetime
+from pathlib import Path
 
 from bot.config import ConfigError, load_config
 
 
-def _setup(args: argparse.Namespace) -> int:
+def _since(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return datetime.fromisoformat(text).timestamp()
+
+
+def _setup(config, args) -> int:
     from trainer.basemodel import ensure_embedded_model
 
-    config = load_config(args.config)
     hf_dir, served = ensure_embedded_model(config)
     print(f"HF copy: {hf_dir}\nserved GGUF: {served}")
     return 0
+
+
+def _sleep(config, args) -> int:
+    from bot.store import Store
+    from trainer.sleep import run_night
+
+    job_id = asyncio.run(run_night(config, args.job, _since(args.since)))
+
+    async def report() -> dict:
+        store = await Store.open(config.store_path)
+        try:
+            return await store.job(job_id)
+        finally:
+            await store.close()
+
+    job = asyncio.run(report())
+    print(json.dumps({"job": job_id, "state": job["state"], "error": job["error"],
+                      "progress": job["progress"]}, indent=1, default=str))
+    return 0 if job["state"] in ("awaiting_promotion", "done", "live") else 1
+
+
+def _train(config, args) -> int:
+    from trainer.train import main as train_main
+
+    return train_main(args.rest)
+
+
+def _export(config, args) -> int:
+    from trainer.converter import fetch_converter
+    from trainer.export import export_release, verify_release
+
+    gguf = export_release(Path(args.adapter), Path(args.base), Path(args.out),
+                          fetch_converter(config.cache_dir), night=args.night, step=args.step,
+                          mode=args.mode, base_gguf=config.served_gguf)
+    verify_release(Path(args.out), Path(args.base))
+    print(f"release {args.out}: serve {gguf}")
+    return 0
+
+
+def _eval(config, args) -> int:
+    from trainer.client import JsonClient
+    from trainer.gate import decide, eval_prompts, measure
+
+    rows = [json.loads(l) for l in Path(args.data).read_text().splitlines() if l.strip()]
+    probes = [json.loads(l) for l in Path(args.probes).read_text().splitlines() if l.strip()] \
+        if args.probes else []
+
+    async def run() -> dict:
+        client = JsonClient.for_config(config)
+        try:
+            evals = eval_prompts(rows, config.night.eval_max)
+            n_ctx = config.model.context_tokens
+            before = await measure(client, Path(args.live or config.served_gguf), None, evals,
+                                   probes, 96, n_ctx)
+            after = await measure(client, Path(args.candidate), None, evals, probes, 96, n_ctx)
+        finally:
+            await client.close()
+        return decide(before, after, config.night.gate_margin,
+                      config.night.regression_margin).as_dict()
+
+    report = asyncio.run(run())
+    print(json.dumps(report, indent=1))
+    return 0 if report["passed"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,12 +97,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="path to config.toml (default: embedded defaults)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup", help="prepare the embedded model: HF copy and q8_0 GGUF (idempotent)")
+    sleep = sub.add_parser("sleep", help="run (or resume) a night: judge, train, export, gate")
+    sleep.add_argument("--job", type=int, help="resume this night job")
+    sleep.add_argument("--since", help="collect episodes since (ISO time or unix seconds)")
+    train = sub.add_parser("train", help="train a LoRA on a night's JSONL (see --help there)")
+    train.add_argument("rest", nargs=argparse.REMAINDER)
+    export = sub.add_parser("export", help="merge an adapter and convert it into a release")
+    export.add_argument("--adapter", required=True)
+    export.add_argument("--base", required=True)
+    export.add_argument("--out", required=True)
+    export.add_argument("--mode", choices=["merged", "adapter"], default="merged")
+    export.add_argument("--night", type=int, default=0)
+    export.add_argument("--step", type=int, default=0)
+    evaluate = sub.add_parser("eval", help="gate a candidate GGUF against the live one")
+    evaluate.add_argument("--candidate", required=True)
+    evaluate.add_argument("--live")
+    evaluate.add_argument("--data", required=True, help="a night's JSONL (its eval split)")
+    evaluate.add_argument("--probes", help="JSONL of {prompt, expected}")
     args = parser.parse_args(argv)
     try:
-        return {"setup": _setup}[args.command](args)
+        config = load_config(args.config)
     except ConfigError as exc:
         print(f"config error:\n{exc}", file=sys.stderr)
         return 2
+    commands = {"setup": _setup, "sleep": _sleep, "train": _train, "export": _export,
+                "eval": _eval}
+    return commands[args.command](config, args)
 
 
 if __name__ == "__main__":

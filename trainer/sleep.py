@@ -1,0 +1,206 @@
+"""The night as one resumable job: ``python -m trainer sleep [--job N]``.
+
+    queued -> judging -> training -> exporting -> gating -> awaiting_promotion | done
+                                                         (failed, cancelled at any point)
+
+The job's row in the store is the only link to the bot: the bot creates it
+(``!sleep``), starts this process, watches the state, and swaps the served
+model when a candidate is promoted (automatically or by ``/promote``). This
+process never touches the bot's server except to ask the live model to judge.
+
+Resuming (``--job N`` again after a crash): part 1 resumes from the store's
+night ledger; a finished adapter, a verified release and a saved gate report
+are each kept, and only the missing stages run.
+
+Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
+checks its state between stages and between training steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from bot.config import Config
+from bot.embedder import MiniLMEmbedder
+from bot.store import Store
+from trainer.client import JsonClient
+from trainer.converter import fetch_converter
+from trainer.export import ReleaseError, export_release, serve_paths, verify_release
+from trainer.gate import decide, eval_prompts, measure
+from trainer.night import night_dir, run_part1
+from trainer.value import ValueMemory
+
+
+class Cancelled(Exception):
+    """The job was cancelled (``/wake``)."""
+
+
+class Night:
+    """One night job: its store row, its directory, and its stages."""
+
+    def __init__(self, config: Config, store: Store, job_id: int) -> None:
+        self.config, self.store, self.job_id = config, store, job_id
+        self.dir = night_dir(config, job_id)
+        self.progress: dict = {}
+
+    async def set(self, state: str | None = None, **progress) -> None:
+        self.progress.update(progress, updated=time.time())
+        if state:
+            self.progress["stage"] = state
+        await self.store.update_job(self.job_id, state=state, progress=self.progress)
+
+    async def check(self) -> None:
+        job = await self.store.job(self.job_id)
+        if job is None or job["state"] == "cancelled":
+            raise Cancelled()
+
+    # -- stages ------------------------------------------------------------------------
+
+    async def judge(self) -> Path:
+        await self.set("judging")
+        until = self.progress.setdefault("collected_until", time.time())
+        client = JsonClient.for_config(self.config)
+        memory = ValueMemory(self.config.data_dir / "value-memory", MiniLMEmbedder())
+        try:
+            result = await run_part1(self.config, self.store, self.job_id, client, memory,
+                                     self.progress.get("since"), until,
+                                     progress=lambda stage, info: None)
+        finally:
+            await client.close()
+        await self.set(counts=dict(result.counts), timings=result.timings)
+        return result.dataset
+
+    async def train(self, dataset: Path, base_dir: Path) -> dict:
+        adapter = self.dir / "adapter"
+        if (adapter / "adapter_model.safetensors").is_file() and "trained" in self.progress:
+            return self.progress["trained"]
+        await self.set("training")
+        from trainer.train import Settings, read_rows, train
+
+        t = self.config.train
+        settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, lr=t.lr, batch=t.batch,
+                            micro_batch=t.micro_batch, epochs=t.epochs, steps=t.steps or None,
+                            max_tokens=t.max_tokens, seed=self.config.night.seed, progress=False)
+        loop = asyncio.get_running_loop()
+        rows = read_rows(dataset)
+
+        def on_step(event: dict) -> None:
+            future = asyncio.run_coroutine_threadsafe(self._training_step(event), loop)
+            future.result()  # raises Cancelled inside the training thread
+
+        result = await asyncio.to_thread(train, rows, base_dir, adapter, settings, on_step)
+        trained = {"steps": result.steps, "sequences": result.sequences, "tokens": result.tokens,
+                   "seconds": round(result.seconds, 1)}
+        await self.set(trained=trained)
+        return trained
+
+    async def _training_step(self, event: dict) -> None:
+        await self.check()
+        keep = ("step", "steps", "oapl", "echo", "loss", "tokens_per_s", "logratio_pos",
+                "logratio_neg")
+        await self.set(train_step={k: event[k] for k in keep if k in event})
+
+    async def export(self, base_dir: Path, steps: int) -> Path:
+        release = self.config.data_dir / "releases" / f"night-{self.job_id:04d}"
+        try:
+            verify_release(release, base_dir)
+            return release
+        except ReleaseError:
+            pass
+        await self.set("exporting")
+        converter = await asyncio.to_thread(fetch_converter, self.config.cache_dir)
+        await asyncio.to_thread(export_release, self.dir / "adapter", base_dir, release, converter,
+                                night=self.job_id, step=steps, mode=self.config.night.export_mode,
+                                base_gguf=self.config.served_gguf)
+        await asyncio.to_thread(verify_release, release, base_dir)
+        return release
+
+    async def gate(self, dataset: Path, live_gguf: Path, release: Path) -> dict:
+        if "gate" in self.progress:
+            return self.progress["gate"]
+        await self.set("gating")
+        night = self.config.night
+        rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+        evals = eval_prompts(rows, night.eval_max)
+        probes = _probes(night.probes_file)
+        gguf, lora = serve_paths(release)
+        client = JsonClient.for_config(self.config)
+        try:
+            n_ctx = self.config.model.context_tokens
+            before = await measure(client, live_gguf, None, evals, probes, 96, n_ctx)
+            await self.check()
+            after = await measure(client, gguf, lora, evals, probes, 96, n_ctx)
+        finally:
+            await client.close()
+        report = decide(before, after, night.gate_margin, night.regression_margin).as_dict()
+        await self.set(gate=report)
+        return report
+
+
+def _probes(path: Path | None) -> list[dict]:
+    if path is None:
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def live_model(config: Config, store: Store) -> tuple[Path, Path]:
+    """(GGUF served now, HF checkpoint it came from): the live release, else the base."""
+    for release in await store.releases():
+        if release["state"] == "live":
+            meta = release["meta"]
+            return Path(meta["gguf"]), Path(meta.get("merged_dir") or config.base_hf_dir)
+    return config.served_gguf, config.base_hf_dir
+
+
+async def run_night(config: Config, job_id: int | None = None, since: float | None = None) -> int:
+    """Run (or resume) one night; returns the job id. Never raises for a failed night:
+    the job ends failed with the error, and the live model keeps serving."""
+    store = await Store.open(config.store_path)
+    try:
+        if job_id is None:
+            job_id = await store.create_job("sleep", {"requested_by": "cli", "since": since})
+        job = await store.job(job_id)
+        if job is None:
+            raise ValueError(f"no job {job_id}")
+        night = Night(config, store, job_id)
+        night.progress = dict(job["progress"])
+        night.progress.setdefault("since", job["args"].get("since", since))
+        await store.update_job(job_id, pid=os.getpid())
+        try:
+            await _stages(night, config, store)
+        except Cancelled:
+            await store.update_job(job_id, state="cancelled", error="cancelled by /wake")
+        except Exception as exc:
+            await store.update_job(job_id, state="failed", error=f"{type(exc).__name__}: {exc}\n"
+                                   + traceback.format_exc()[-2000:])
+        return job_id
+    finally:
+        await store.close()
+
+
+async def _stages(night: Night, config: Config, store: Store) -> None:
+    await night.check()
+    live_gguf, base_dir = await live_model(config, store)
+    dataset = await night.judge()
+    await night.check()
+    trained = await night.train(dataset, base_dir)
+    await night.check()
+    release = await night.export(base_dir, trained["steps"])
+    await night.check()
+    report = await night.gate(dataset, live_gguf, release)
+    gguf, lora = serve_paths(release)
+    meta = {"gguf": str(gguf), "lora": str(lora) if lora else None, "night": night.job_id,
+            "merged_dir": str(release / "merged") if (release / "merged").is_dir() else None,
+            "gate": report}
+    existing = [r for r in await store.releases() if r["name"] == release.name]
+    release_id = existing[0]["id"] if existing else await store.add_release(
+        release.name, str(release), meta)
+    if report["passed"]:
+        await night.set("awaiting_promotion", release_id=release_id)
+    else:
+        await night.set("done", release_id=release_id, note="the candidate did not pass the gate")
