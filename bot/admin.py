@@ -10,6 +10,8 @@ not enough, since any server admin can change it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
 NIGHT_STAGES = ("collect", "judge", "value", "understand", "advantages", "train (LoRA, OAPL+ECHO)",
                 "export (merge, q8_0 GGUF)", "gate (held-out eval)", "release")
-ACTIVE_NIGHT = ["queued", "running"]
+ACTIVE_NIGHT = ["queued", "running", "judging", "training", "exporting", "gating"]
 
 
 def is_admin(config: Config, user_id: int, role_ids: Iterable[int] = ()) -> bool:
@@ -55,17 +57,20 @@ async def sleep(rt: Runtime, requested_by: str, channel: str) -> str:
     episodes = await rt.store.episodes_since(since)
     job = await rt.store.create_job("sleep", {"requested_by": requested_by, "channel": channel,
                                               "since": since, "requested_at": time.time()})
-    return (f"Night requested (job #{job}, queued) over {len(episodes)} episodes since "
-            f"{'the start' if not since else time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}.\n"
-            f"It will run: {' → '.join(NIGHT_STAGES)}.\n"
-            "The night runner is not part of this version yet: the request is recorded "
-            "and nothing is trained.")
+    rt.night.launch(job)
+    when = "the start" if not since else time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
+    return (f"Going to sleep: night job #{job} over {len(episodes)} episodes since {when}.\n"
+            f"It runs {' → '.join(NIGHT_STAGES)}; /wake cancels it. "
+            f"Log: {rt.config.data_dir / 'logs' / f'night-{job}.log'}")
 
 
 async def wake(rt: Runtime) -> str:
+    from bot.nightwatch import stop_trainer
+
     active = await rt.store.jobs("sleep", ACTIVE_NIGHT)
     for job in active:
         await rt.store.update_job(job["id"], state="cancelled")
+        stop_trainer(job["pid"])
     if not active:
         return "No night is queued or running."
     return "Cancelled night job(s) " + ", ".join(f"#{j['id']}" for j in active) + "."
@@ -82,30 +87,68 @@ async def promote(rt: Runtime, release_id: int | None = None) -> str:
 
 
 async def rollback(rt: Runtime, release_id: int | None = None) -> str:
+    """Serve an earlier release (the newest retired one by default), or the base model
+    when no earlier release exists."""
     releases = await rt.store.releases()
     earlier = [r for r in releases if r["state"] == "retired"
                and (release_id is None or r["id"] == release_id)]
-    if not earlier:
-        return ("No earlier release to roll back to." if release_id is None
-                else f"Release #{release_id} is not a retired release.")
-    return await _serve_release(rt, earlier[-1], "rollback")
+    if earlier:
+        return await _serve_release(rt, earlier[-1], "rollback")
+    if release_id is not None:
+        return f"Release #{release_id} is not a retired release."
+    live = [r for r in releases if r["state"] == "live"]
+    if not live:
+        return "The base model is already serving; there is nothing to roll back."
+    try:
+        await rt.supervisor.swap(rt.config.served_gguf, mode=_swap_mode(rt),
+                                 reason="rollback to the base model")
+    except Exception as exc:
+        return f"Rollback failed ({exc}); still serving release #{live[0]['id']}."
+    await rt.store.set_release_state(live[0]["id"], "retired")
+    return f"Rolled back to the base model ({rt.config.served_gguf.name})."
+
+
+def _swap_mode(rt: Runtime) -> str:
+    return "restart" if rt.config.night.single_gpu else "blue-green"
+
+
+def release_problem(release: dict) -> str | None:
+    """Why a release may not be served (missing or changed files), or None."""
+    path = Path(release["path"])
+    manifest = path / "release.json"
+    if not manifest.is_file():
+        return f"{manifest} is missing"
+    files = json.loads(manifest.read_text()).get("files", {})
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        digest = hashlib.sha256()
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != expected:
+            return f"{file} does not match its SHA-256 in release.json"
+    return None
 
 
 async def _serve_release(rt: Runtime, release: dict, why: str) -> str:
-    """Serve a release's GGUF; a model that fails to start never goes live."""
-    gguf = Path(release["meta"].get("gguf", release["path"]))
-    if not gguf.is_file():
-        return f"Release #{release['id']} has no GGUF at {gguf}; nothing changed."
-    sup = rt.supervisor
-    previous = sup.gguf
-    sup.gguf = gguf
+    """Swap a release in; a corrupt release or a failed canary never goes live."""
+    problem = await asyncio.to_thread(release_problem, release)
+    if problem:
+        return f"Release #{release['id']} refused: {problem}. Nothing changed."
+    meta = release["meta"]
+    gguf = Path(meta.get("gguf") or release["path"])
+    lora = Path(meta["lora"]) if meta.get("lora") else None
     try:
-        await sup.restart(f"{why} to release #{release['id']}")
+        await rt.supervisor.swap(gguf, lora=lora, mode=_swap_mode(rt),
+                                 reason=f"{why} to release #{release['id']}")
     except Exception as exc:
-        sup.gguf = previous
-        await sup.restart(f"{why} failed; back to {previous.name}")
-        return f"Release #{release['id']} failed to start ({exc}); still serving {previous.name}."
+        return f"Release #{release['id']} failed to start; the old model keeps serving.\n{exc}"
     await rt.store.set_release_state(release["id"], "live")
+    for job in await rt.store.jobs("sleep", ["awaiting_promotion"]):
+        if job["progress"].get("release_id") == release["id"]:
+            await rt.store.update_job(job["id"], state="live")
     return f"Now serving release #{release['id']} ({release['name']})."
 
 

@@ -57,6 +57,12 @@ async def run_bot(config: Config) -> int:
             await run_discord(rt, token)
         else:
             renderer.info(f"no Discord token in ${config.discord.token_env}: local console")
+            from bot.nightwatch import night_line
+
+            async def night_progress(job: dict) -> None:
+                renderer.info(night_line(job))
+
+            rt.night.listeners.append(night_progress)
 
             async def turn(channel: str, text: str):
                 try:

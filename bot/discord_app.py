@@ -37,6 +37,7 @@ from bot.discord_access import (
     strip_mentions,
 )
 from bot.discord_admin import add_admin_commands
+from bot.nightwatch import night_line
 from bot.discord_render import (
     outgoing_files,
     save_attachments,
@@ -112,7 +113,9 @@ class NightshiftBot(commands.Bot):
                              everyone=False, users=False, roles=False, replied_user=True))
         self.rt = rt
         self.replies = ReplyIndex(rt.store)
+        self.night_messages: dict[int, discord.Message] = {}  # job id -> its progress message
         add_admin_commands(self, rt)
+        rt.night.listeners.append(self.night_progress)
 
     async def setup_hook(self) -> None:
         # Publish the slash commands. A failure leaves the chat working, so it only warns.
@@ -121,6 +124,18 @@ class NightshiftBot(commands.Bot):
             logger.info("synced %d slash commands", len(synced))
         except discord.HTTPException as exc:
             logger.warning("could not sync the slash commands: %s", exc)
+
+    async def night_progress(self, job: dict) -> None:
+        """Edit one message per night with its state, in the channel that asked for it."""
+        text = night_line(job)
+        message = self.night_messages.get(job["id"])
+        if message is not None:
+            await message.edit(content=text)
+            return
+        channel_id = str(job["args"].get("channel", ""))
+        channel = self.get_channel(int(channel_id)) if channel_id.isdigit() else None
+        if channel is not None:
+            self.night_messages[job["id"]] = await channel.send(text)
 
     async def on_ready(self) -> None:
         logger.info("logged in to Discord as %s", self.user)

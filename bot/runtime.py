@@ -17,6 +17,7 @@ from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
 from bot.config import Config
 from bot.llm import LLM
+from bot.nightwatch import NightWatch
 from bot.server import ServerSupervisor
 from bot.store import Store
 from sandbox.paths import workspace_for
@@ -75,6 +76,7 @@ class Runtime:
     spaces: ChannelSpaces
     agent: Agent
     workers: ChannelWorkers
+    night: NightWatch
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
 
     @classmethod
@@ -101,7 +103,11 @@ class Runtime:
         except BaseException:
             await stack.aclose()
             raise
-        return cls(config, store, supervisor, llm, registry, spaces, agent, workers, stack)
+        rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, None, stack)
+        rt.night = NightWatch(rt)
+        stack.push_async_callback(rt.night.close)
+        rt.night.start()
+        return rt
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
         """Queue a message on its channel and wait for the reply (raises channels.Busy)."""

@@ -75,6 +75,7 @@ class ServerSupervisor(Swapping):
         self.config = config
         self.kind = server_kind(config.server.kind)
         self.gguf = Path(gguf) if gguf else config.served_gguf
+        self.lora: Path | None = None  # a LoRA GGUF served on top (adapter-only releases)
         self.host = config.server.host
         self.port = port or config.server.port
         self.log_path = log_path or config.data_dir / "logs" / f"server-{self.port}.log"
@@ -156,7 +157,7 @@ class ServerSupervisor(Swapping):
         self.kind.check(self.config, self.gguf)
         await self._kill(hard=True)  # reap a previous process that died on its own
         await self._check_port_free()
-        argv = self.kind.command(self.config, self.gguf, self.host, self.port)
+        argv = self.kind.command(self.config, self.gguf, self.host, self.port, self.lora)
         await asyncio.to_thread(self._open_log, argv)
         self.generation += 1
         with open(self.log_path, "ab") as log:

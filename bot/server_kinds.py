@@ -33,8 +33,9 @@ class ServerKind(Protocol):
     def check(self, config: Config, gguf: Path) -> None:
         """Raise ServerStartError naming the fix if this kind cannot start."""
 
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
-        """The argv that serves ``gguf`` on ``host:port``."""
+    def command(self, config: Config, gguf: Path, host: str, port: int,
+                lora: Path | None = None) -> list[str]:
+        """The argv that serves ``gguf`` (with a LoRA GGUF on top, if given) on ``host:port``."""
 
 
 class LlamaCppPython:
@@ -50,7 +51,8 @@ class LlamaCppPython:
             )
         _check_gguf(gguf)
 
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
+    def command(self, config: Config, gguf: Path, host: str, port: int,
+                lora: Path | None = None) -> list[str]:
         argv = [
             sys.executable, "-m", "llama_cpp.server",
             "--model", str(gguf),
@@ -62,6 +64,8 @@ class LlamaCppPython:
         ]  # fmt: skip
         if config.server.threads > 0:
             argv += ["--n_threads", str(config.server.threads)]
+        if lora is not None:
+            argv += ["--lora_path", str(lora)]
         return argv + list(config.server.extra_args)
 
 
@@ -78,7 +82,8 @@ class LlamaServer:
             )
         _check_gguf(gguf)
 
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
+    def command(self, config: Config, gguf: Path, host: str, port: int,
+                lora: Path | None = None) -> list[str]:
         argv = [
             str(config.server.binary),
             "-m", str(gguf),
@@ -90,6 +95,8 @@ class LlamaServer:
         ]  # fmt: skip
         if config.server.threads > 0:
             argv += ["-t", str(config.server.threads)]
+        if lora is not None:
+            argv += ["--lora", str(lora)]
         return argv + list(config.server.extra_args)
 
 
@@ -104,7 +111,8 @@ class ExternalServer:
                 "Fix: set it to the server's URL, e.g. http://127.0.0.1:8080/v1."
             )
 
-    def command(self, config: Config, gguf: Path, host: str, port: int) -> list[str]:
+    def command(self, config: Config, gguf: Path, host: str, port: int,
+                lora: Path | None = None) -> list[str]:
         raise ServerStartError("an external server is started by the user, never by Nightshift")
 
 

@@ -70,7 +70,8 @@ class Swapping:
         url = url.rstrip("/")
         return sum(client.in_flight(url) for client in list(self._clients))
 
-    async def swap(self, gguf: Path, *, mode: str = "blue-green", reason: str = "") -> None:
+    async def swap(self, gguf: Path, *, mode: str = "blue-green", reason: str = "",
+                   lora: Path | None = None) -> None:
         """Serve ``gguf`` instead of the current model; see the module docstring.
 
         Raises ServerStartError (the old model keeps serving) when the new one cannot
@@ -89,15 +90,16 @@ class Swapping:
         why = f": {reason}" if reason else ""
         logger.warning("swapping the model %s -> %s (%s)%s", old, gguf, mode, why)
         if mode == "restart":
-            await self._swap_restart(gguf)
+            await self._swap_restart(gguf, lora)
         else:
-            await self._swap_blue_green(gguf)
+            await self._swap_blue_green(gguf, lora)
         logger.warning("swapped the model %s -> %s; serving at %s (pid %s)",
                        old, gguf, self.base_url, self.pid)  # fmt: skip
 
-    async def _swap_blue_green(self, gguf: Path) -> None:
+    async def _swap_blue_green(self, gguf: Path, lora: Path | None) -> None:
         async with self._lock:
             standby = type(self)(self.config, gguf=gguf, port=_free_port(self.host))
+            standby.lora = lora
             try:
                 await standby.start(watchdog=False)  # on any failure it leaves no process
             except ServerStartError as exc:
@@ -113,7 +115,7 @@ class Swapping:
         finally:
             await standby.stop()  # also when cancelled: the old server must not linger
 
-    async def _swap_restart(self, gguf: Path) -> None:
+    async def _swap_restart(self, gguf: Path, lora: Path | None) -> None:
         async with self._lock:
             self._ready.clear()  # from here on new requests queue in the LLM
             self.healthy = False
@@ -124,17 +126,18 @@ class Swapping:
                 raise
             await self._kill(hard=False)
             old, self.gguf = self.gguf, gguf
+            old_lora, self.lora = self.lora, lora
             try:
                 await self._launch()
             except ServerStartError as exc:
-                self.gguf = old
+                self.gguf, self.lora = old, old_lora
                 await self._start_again(old, gguf, exc)
                 raise ServerStartError(
                     f"the swap to {gguf} failed; {old} was started again and serves at "
                     f"{self.base_url}.\n{exc}"
                 ) from exc
             except BaseException:
-                self.gguf = old  # cancelled mid-start: the watchdog restarts the model that worked
+                self.gguf, self.lora = old, old_lora  # cancelled mid-start: the watchdog restarts the model that worked
                 raise
             self._mark_ready()
 
@@ -155,6 +158,7 @@ class Swapping:
         self._proc, other._proc = other._proc, self._proc
         self.port, other.port = other.port, self.port
         self.gguf, other.gguf = other.gguf, self.gguf
+        self.lora, other.lora = other.lora, self.lora
         self.log_path, other.log_path = other.log_path, self.log_path
         self.generation += 1
 

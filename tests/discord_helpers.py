@@ -70,8 +70,12 @@ def make_config(tmp_path: Path, **discord_fields: object) -> Config:
 
 
 async def start_runtime(config: Config, llm: ScriptedLLM) -> Runtime:
-    return await Runtime.start(config, supervisor=FakeSupervisor(config.data_dir / "base.gguf"),
-                               llm=llm, start_server=False)
+    rt = await Runtime.start(config, supervisor=FakeSupervisor(config.data_dir / "base.gguf"),
+                             llm=llm, start_server=False)
+    # The front end is under test, not the trainer: record the launch instead of running it.
+    rt.night.launched = []
+    rt.night.launch = rt.night.launched.append
+    return rt
 
 
 def labels(config: Config) -> list[tuple[int, str, str]]:

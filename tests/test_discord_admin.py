@@ -37,7 +37,7 @@ async def test_sleep_command_from_an_admin_queues_a_night(discord_env):
     h = await discord_env([])
     await dpytest.message("!sleep", channel=h.general, member=h.alice)  # no mention needed
     [reply] = sent_messages()
-    assert reply.content.startswith("Night requested (job #1, queued)")
+    assert reply.content.startswith("Going to sleep: night job #1")
     [job] = await h.rt.store.jobs("sleep")
     assert job["state"] == "queued" and job["args"]["channel"] == str(h.general.id)
     assert str(h.alice.id) in job["args"]["requested_by"]
@@ -55,7 +55,7 @@ async def test_sleep_command_from_a_non_admin_is_refused_politely(discord_env):
 
 ADMIN_CASES = {  # command -> (options, what the answer starts with); run in this order
     "status": ({}, "model: base (base.gguf)"),
-    "sleep": ({}, "Night requested (job #1"),
+    "sleep": ({}, "Going to sleep: night job #1"),
     "wake": ({}, "Cancelled night job(s) #1."),  # the night "sleep" just queued
     "promote": ({"release_id": None}, "No candidate release to promote."),
     "rollback": ({"release_id": 7}, "Release #7 is not a retired release."),
@@ -112,7 +112,7 @@ async def test_an_admin_action_that_raises_answers_its_error(rt):
 
 SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expected start)
     (["status"], {}, [], "model: base (base.gguf)"),
-    (["sleep"], {}, [], "Night requested (job #1"),
+    (["sleep"], {}, [], "Going to sleep: night job #1"),
     (["wake"], {}, [], "No night is queued or running."),
     (["promote"], {}, [], "No candidate release to promote."),
     (["rollback"], {"release_id": 3}, [{"name": "release_id", "type": 4, "value": 3}],

@@ -49,6 +49,8 @@ TOOL_MODULES = (
     "tools.media",
     "tools.outbox",
     "tools.health",
+    "tools.python_jobs",
+    "tools.git",
 )
 
 # A safety net over the tools' own bounds: one observation must not flood the context.
