@@ -255,15 +255,15 @@ async def git_branch(ctx: ToolContext, name: str = "", create: bool = False) -> 
         name: The branch to switch to or create; "" lists the branches.
         create: Create the branch from the current commit, then switch to it.
     """
+    if create and not name:
+        raise ToolError("create=true needs a name for the new branch")
+    branch = _branch_name(name) if name else ""
     note = await _repo(ctx)
-    if not name:
-        if create:
-            raise ToolError("create=true needs a name for the new branch")
+    if not branch:
         result = await _git(ctx, "branch", "--list", "--no-color")
         current = (await _git(ctx, "symbolic-ref", "--short", "HEAD", check=False)).stdout.strip()
         listing = result.stdout.rstrip("\n") or f"* {current} (no commits yet)"
         return f"{note}{listing}"
-    branch = _branch_name(name)
     args = ["switch", "--create", branch] if create else ["switch", branch]
     result, journaled = await _journaled(ctx, f"git_branch {'create ' if create else ''}{branch}",
                                          *args)

@@ -53,6 +53,9 @@ JOBS_DIR = "jobs"
 KEEP_RECORDS = 50  # finished records past this many are forgotten (their files stay)
 TAIL_BYTES = 64 * 1024  # job_poll reads at most this much of the end of each output file
 _LAUNCH = 'exec python3 -u "$1" >"$2" 2>"$3"'
+# After a kill, a moment for the dead sandbox's pipes to reach end-of-file, so asyncio closes
+# their transports on the running loop (not at garbage collection, after the loop is gone).
+_SETTLE_S = 0.2
 
 
 class JobRunner:
@@ -126,6 +129,7 @@ class JobRunner:
         self._stopping.add(job_id)
         task.cancel()
         await asyncio.wait({task}, timeout=10)
+        await asyncio.sleep(_SETTLE_S)
         return self.get(job_id)
 
     async def close(self) -> None:
@@ -135,6 +139,7 @@ class JobRunner:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(_SETTLE_S)
 
     def summary(self) -> list[dict[str, Any]]:
         """Short records for the health tool: running jobs first, then the latest ended ones."""

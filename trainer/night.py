@@ -106,8 +106,12 @@ async def _judge_all(store: Store, night_id: int, judge: Judge, days: dict, coun
             record = done[key]
             counts[f"windows_{record['status']}"] += 1
             subtasks += [SubTask(**s) for s in record["subtasks"]]
-    counts["subtasks"] = len(subtasks)
-    return subtasks
+    # A range reported twice (in one report, or from two windows' extended views) is one
+    # sub-task: the first report of it counts.
+    unique = list({s.key: s for s in reversed(subtasks)}.values())[::-1]
+    counts["subtasks"] = len(unique)
+    counts["subtasks_duplicate"] = len(subtasks) - len(unique)
+    return unique
 
 
 def _window_record(result: WindowResult) -> dict:

@@ -1,0 +1,98 @@
+"""The whole loop on the embedded model, on CPU: a scripted day, a night whose
+trainer is killed mid-training and resumed, then a new release served."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from bot import admin
+from bot.config import Config
+from bot.llm import LLM
+from bot.runtime import Runtime
+from tests.scripted import ScriptedLLM, call, say
+
+PROMPT = "What is the capital of France?"
+
+
+def day_script(messages, kwargs):
+    """A day with tool calls: write a note, read it back, answer."""
+    last = messages[-1]
+    if last["role"] == "user":
+        if "capital" in last["content"]:
+            return say("The capital of France is Paris.")
+        return call("write_file", {"path": "note.txt", "content": last["content"]}, "w1")
+    if last.get("name") == "write_file":
+        return call("read_file", {"path": "note.txt"}, "r1")
+    return say("I saved your note in note.txt.")
+
+
+async def wait_for(rt: Runtime, job_id: int, states: tuple, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        await rt.night.poll()
+        job = await rt.store.job(job_id)
+        if job["state"] in states:
+            return job
+        await asyncio.sleep(1)
+    raise AssertionError(f"job {job_id} stayed {job['state']}: {json.dumps(job, default=str)[:3000]}")
+
+
+async def greedy(llm: LLM) -> str:
+    reply = await llm.chat([{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0)
+    return reply.content
+
+
+@pytest.mark.slow
+async def test_a_night_trains_a_new_model_that_survives_a_killed_trainer_and_goes_live(
+        tmp_path, served_gguf, free_port):
+    probes = tmp_path / "probes.jsonl"
+    probes.write_text(json.dumps({"prompt": "What is 2 + 3?", "expected": "5"}) + "\n")
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.model.gguf = served_gguf
+    config.model.hf_dir = served_gguf.parent / "smollm2-135m-instruct-hf"
+    config.server.port = free_port
+    night = config.night
+    night.auto_promote, night.gate_margin, night.regression_margin = True, -10.0, 10.0
+    night.probes_file, night.eval_percent, night.window_messages = probes, 0, 6
+    night.understanding_fraction = 0.5
+    train = config.train
+    train.steps, train.batch, train.micro_batch, train.lr, train.max_tokens = 6, 4, 2, 5e-3, 512
+    rt = await Runtime.start(config, llm=ScriptedLLM(day_script))
+    real = LLM(config, rt.supervisor)
+    try:
+        for channel in ("general", "notes", "general", "notes"):
+            await rt.turn(channel, f"Please remember: buy milk in #{channel}")
+        for _ in range(3):
+            await rt.turn("general", PROMPT)
+        before = await greedy(real)
+        first_pid = rt.supervisor.pid
+
+        text = await admin.sleep(rt, "test", "general")
+        assert text.startswith("Going to sleep: night job #1")
+        job = await wait_for(rt, 1, ("training", "failed"), 600)
+        assert job["state"] == "training", job["error"]
+        os.kill(job["pid"], signal.SIGKILL)  # kill -9 mid-training
+        job = await wait_for(rt, 1, ("failed",), 30)
+        assert "trainer process died" in job["error"]
+        assert (await greedy(real)) == before  # the live model kept serving
+        assert rt.supervisor.pid == first_pid
+
+        rt.night.launch(1)  # resume: judged windows come from the night ledger
+        job = await wait_for(rt, 1, ("live", "done", "failed"), 900)
+        assert job["state"] == "live", (job["error"], job["progress"].get("gate"))
+        assert job["progress"]["counts"]["windows_resumed"] >= 1
+        releases = await rt.store.releases()
+        assert [r["state"] for r in releases] == ["live"]
+        assert rt.supervisor.gguf == config.data_dir / "releases/night-0001/model-q8_0.gguf"
+        after = await greedy(real)
+    finally:
+        await real.close()
+        await rt.close()
+    assert after != before, (before, after)
