@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -54,18 +53,24 @@ async def check_server(config: Config) -> tuple[bool, str]:
 
 
 async def check_bubblewrap(config: Config) -> tuple[bool, str]:
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        if config.sandbox.allow_unsandboxed:
-            return True, "bwrap missing; sandbox.allow_unsandboxed = true (UNSAFE)"
-        return False, "bwrap missing: apt-get install bubblewrap (Python and git tools refuse)"
-    cmd = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr",
-           "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-           "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "/usr/bin/true"]
-    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        return False, f"{bwrap} cannot create a sandbox: {done.stderr.strip()[:300]}"
-    return True, f"{bwrap} creates namespaces"
+    """Runs a real sandboxed program the way the tools do (unprivileged uid, no network)."""
+    import tempfile
+
+    from sandbox.paths import Workspace
+    from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
+
+    sandbox = Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            result = await sandbox.run(["python3", "-c", "import os; print(os.getuid())"],
+                                       Workspace(Path(tmp) / "ws"), timeout_s=30)
+        except SandboxUnavailable as exc:
+            return False, str(exc)
+    if not result.ok:
+        return False, f"a sandboxed python3 failed: {result.stderr.strip()[:300]}"
+    if not result.sandboxed:
+        return True, "bwrap missing; sandbox.allow_unsandboxed = true (UNSAFE: no sandbox)"
+    return True, f"{find_bwrap()} runs code as uid {result.stdout.strip()}, no network"
 
 
 async def check_embedder(config: Config) -> tuple[bool, str]:

@@ -22,6 +22,8 @@ from bot.server import ServerSupervisor
 from bot.store import Store
 from sandbox.paths import workspace_for
 from tools import Registry, ToolContext, default_registry
+from sandbox.process import Sandbox
+from tools.python_jobs import job_runner
 from tools.system import read_sys_section
 
 logger = logging.getLogger("nightshift")
@@ -43,8 +45,16 @@ class ChannelSpaces:
             outbox: list[str] = []
             ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
                                    send_file=outbox.append, **self.services)
+            job_runner(ctx)  # finds jobs a previous run left behind and reports them lost
             self._contexts[channel] = ctx
         return ctx
+
+    async def close(self) -> None:
+        """Stop every channel's background Python jobs (they are reported lost)."""
+        for ctx in self._contexts.values():
+            runner = ctx.services.get("jobs_runner")
+            if runner is not None:
+                await runner.close()
 
     def sys_section(self, channel: str) -> str:
         return read_sys_section(self.context(channel).state_dir)
@@ -62,6 +72,7 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
                 "restarts": supervisor.restarts}
 
     return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
+            "sandbox": Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed),
             "notes": NoteStore(config.data_dir / "notes", embedder),
             "image_cache": config.data_dir / "images"}
 
@@ -96,6 +107,7 @@ class Runtime:
                 stack.push_async_callback(llm.close)
             registry = default_registry()
             spaces = ChannelSpaces(config.data_dir, **_services(config, store, supervisor))
+            stack.push_async_callback(spaces.close)
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
                           stray=RuleStrayDetector())
             workers = ChannelWorkers(agent.turn, config.agent.queue_size)

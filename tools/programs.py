@@ -45,6 +45,7 @@ import os
 import stat
 from pathlib import Path
 
+from sandbox.bwrap import missing_message
 from sandbox.paths import MOUNT_POINT, PathEscape
 from sandbox.process import ProcessResult, Sandbox, SandboxUnavailable
 from tools import ToolContext, ToolError
@@ -85,15 +86,13 @@ def with_timeout(box: Sandbox, timeout_s: float) -> Sandbox:
 
 
 def refusal(exc: SandboxUnavailable) -> ToolError:
-    return ToolError(f"code cannot run on this machine: {exc} Until an admin does one of these, "
+    return ToolError(f"code cannot run on this machine: {exc} Until an admin fixes this, "
                      f"run_python, the background jobs and the git tools are unavailable.")
 
 
 def check_available(box: Sandbox) -> None:
     """Refuse up front (``ToolError``) when the sandbox would raise SandboxUnavailable."""
     if getattr(box, "bwrap", "") is None and not getattr(box, "allow_unsandboxed", False):
-        from sandbox.bwrap import missing_message
-
         raise refusal(SandboxUnavailable(missing_message()))
 
 

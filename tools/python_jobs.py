@@ -28,7 +28,13 @@ from sandbox.process import ProcessResult
 from tools import ToolContext, ToolError, tool
 from tools.fsroot import FsRoot
 from tools.jobs import JobRunner
-from tools.programs import ProgramChanges, clip, run_program, sandbox_of, workspace_in_sandbox
+from tools.programs import (
+    ProgramChanges,
+    clip,
+    run_program,
+    sandbox_of,
+    workspace_in_sandbox,
+)
 
 RUN_FILE = "scratch/run_python.py"
 MAX_RUN_TIMEOUT_S = 300
