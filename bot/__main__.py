@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return {"run": _run, "doctor": _doctor}[args.command](config)
+    except ConfigError as exc:  # found only when the part it configures starts
+        print(f"config error:\n{exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -164,6 +164,7 @@ class Agent:
                         if await self._meant_to_continue(channel, episode, messages, stored,
                                                          reason):
                             continue
+                    await self._end_of_turn(ctx)
                     await self.store.end_episode(episode, "complete")
                     return TurnResult(channel, strip_reasoning(reply.content).strip(), episode,
                                       ok=True, steps=steps, files=_files(ctx))
@@ -180,6 +181,13 @@ class Agent:
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
+
+    async def _end_of_turn(self, ctx: Any) -> None:
+        if self.config.agent.clear_scratch_after_turn and "clear_scratch" in self.tool_names():
+            await self.tools.call("clear_scratch", {}, ctx)  # through the journal: undoable
+
+    def tool_names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools.schemas()}
 
     def system_prompt(self, channel: str) -> str:
         parts = [self.config.agent.system_prompt]
@@ -271,7 +279,10 @@ class Agent:
         """Compact older messages into a summary when the context would overflow."""
         agent = self.config.agent
         budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
-        schema_tokens = estimate_tokens([{"content": json.dumps(self.tools.schemas())}])
+        # The server renders each tool's name and parameter schema into the prompt.
+        rendered = [(t["function"]["name"], t["function"].get("parameters"))
+                    for t in self.tools.schemas()]
+        schema_tokens = estimate_tokens([{"content": json.dumps(rendered)}])
         if estimate_tokens(messages) + schema_tokens <= budget:
             return messages
         system, rest = messages[0], messages[1:]

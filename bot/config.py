@@ -66,7 +66,7 @@ class ModelConfig(_Section):
 
     alias: str = Field("nightshift", min_length=1, description="a non-empty model name")
     context_tokens: int = Field(
-        4096, ge=512, le=131072, description="a context size between 512 and 131072"
+        8192, ge=512, le=131072, description="a context size between 512 and 131072"
     )
     vision: bool = Field(
         False, description="true only for a model that accepts images (view_image attaches them)"
@@ -184,6 +184,13 @@ class AgentConfig(_Section):
         20, ge=0, description="how many earlier messages of the channel to include (>= 0)"
     )
     max_reply_tokens: int = Field(512, ge=1, description="a positive token count")
+    tools: list[str] = Field(
+        default_factory=list,
+        description="a list of tool names the agent may use (empty = every tool)",
+    )
+    clear_scratch_after_turn: bool = Field(
+        False, description="true to empty the workspace's scratch/ at the end of each turn"
+    )
     max_steps: int = Field(
         8, ge=1, le=100, description="model calls allowed in one turn (1..100)"
     )

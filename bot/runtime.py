@@ -15,7 +15,7 @@ from typing import Any
 
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
-from bot.config import Config
+from bot.config import Config, ConfigError
 from bot.llm import LLM
 from bot.nightwatch import NightWatch
 from bot.server import ServerSupervisor
@@ -58,6 +58,22 @@ class ChannelSpaces:
 
     def sys_section(self, channel: str) -> str:
         return read_sys_section(self.context(channel).state_dir)
+
+
+def _registry(config: Config) -> Registry:
+    """Every tool, or only those named in ``agent.tools``."""
+    full = default_registry()
+    wanted = config.agent.tools
+    if not wanted:
+        return full
+    unknown = sorted(set(wanted) - set(full.names()))
+    if unknown:
+        raise ConfigError(f"agent.tools = {unknown} names unknown tools. Fix: use names from "
+                          f"{', '.join(full.names())}, or [] for all.")
+    chosen = Registry()
+    for name in wanted:
+        chosen.register(full.get(name))
+    return chosen
 
 
 def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
@@ -105,7 +121,7 @@ class Runtime:
             if llm is None:
                 llm = LLM(config, supervisor)
                 stack.push_async_callback(llm.close)
-            registry = default_registry()
+            registry = _registry(config)
             spaces = ChannelSpaces(config.data_dir, **_services(config, store, supervisor))
             stack.push_async_callback(spaces.close)
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,

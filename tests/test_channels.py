@@ -122,3 +122,38 @@ async def test_fifty_channels_in_parallel_never_leak_into_each_other(tmp_path):
                    for e in episodes)
     finally:
         await rt.close()
+
+
+async def test_agent_tools_config_limits_the_tools_and_unknown_names_are_refused(tmp_path):
+    from bot.config import ConfigError
+
+    config = Config()
+    config.paths.data_dir = tmp_path
+    config.agent.tools = ["read_file", "write_file"]
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM([say("ok")]), start_server=False)
+    try:
+        assert rt.registry.names() == ["read_file", "write_file"]
+    finally:
+        await rt.close()
+    config.agent.tools = ["read_file", "rm_rf"]
+    with pytest.raises(ConfigError, match=r"agent.tools = \['rm_rf'\] names unknown tools"):
+        await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                            llm=ScriptedLLM([]), start_server=False)
+
+
+async def test_scratch_is_cleared_after_a_turn_when_configured_and_undo_restores_it(tmp_path):
+    config = Config()
+    config.paths.data_dir = tmp_path
+    config.agent.clear_scratch_after_turn = True
+    script = [call("write_file", {"path": "scratch/tmp.txt", "content": "draft"}), say("done")]
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(script), start_server=False)
+    try:
+        await rt.turn("c", "draft something")
+        ctx = rt.spaces.context("c")
+        assert not (ctx.workspace.root / "scratch/tmp.txt").exists()
+        assert (await rt.registry.call("undo", {}, ctx)).ok
+        assert (ctx.workspace.root / "scratch/tmp.txt").read_text() == "draft"
+    finally:
+        await rt.close()

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bot import admin
-from bot.config import Config
+from bot.config import load_config
 from bot.llm import LLM
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
@@ -53,17 +53,32 @@ async def test_a_night_trains_a_new_model_that_survives_a_killed_trainer_and_goe
         tmp_path, served_gguf, free_port):
     probes = tmp_path / "probes.jsonl"
     probes.write_text(json.dumps({"prompt": "What is 2 + 3?", "expected": "5"}) + "\n")
-    config = Config()
-    config.paths.data_dir = tmp_path / "data"
-    config.model.gguf = served_gguf
-    config.model.hf_dir = served_gguf.parent / "smollm2-135m-instruct-hf"
-    config.server.port = free_port
-    night = config.night
-    night.auto_promote, night.gate_margin, night.regression_margin = True, -10.0, 10.0
-    night.probes_file, night.eval_percent, night.window_messages = probes, 0, 6
-    night.understanding_fraction = 0.5
-    train = config.train
-    train.steps, train.batch, train.micro_batch, train.lr, train.max_tokens = 6, 4, 2, 5e-3, 512
+    # A config file, because the trainer runs as its own process and reads it.
+    path = tmp_path / "config.toml"
+    path.write_text(f"""
+[paths]
+data_dir = "data"
+[model]
+gguf = "{served_gguf}"
+hf_dir = "{served_gguf.parent / 'smollm2-135m-instruct-hf'}"
+[server]
+port = {free_port}
+[night]
+auto_promote = true
+gate_margin = -10.0
+regression_margin = 10.0
+probes_file = "probes.jsonl"
+eval_percent = 0
+window_messages = 6
+understanding_fraction = 0.5
+[train]
+steps = 6
+batch = 4
+micro_batch = 2
+lr = 5e-3
+max_tokens = 512
+""")
+    config = load_config(path)
     rt = await Runtime.start(config, llm=ScriptedLLM(day_script))
     real = LLM(config, rt.supervisor)
     try:
