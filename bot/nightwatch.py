@@ -99,6 +99,11 @@ class NightWatch:
     def launch(self, job_id: int) -> None:
         self.children[job_id] = start_trainer(self.rt, job_id)
 
+    async def resume(self, job_id: int) -> None:
+        """Start a failed or cancelled night again where it stopped."""
+        await self.rt.store.update_job(job_id, state="queued", error="")
+        self.launch(job_id)
+
     async def _loop(self) -> None:
         while True:
             try:

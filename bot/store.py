@@ -29,6 +29,8 @@ from typing import Any
 
 import aiosqlite
 
+from bot.ledger import NightLedger
+
 from bot.schema import (
     EPISODE_STATUSES,
     JOB_STATES,
@@ -53,7 +55,7 @@ __all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class Store:
+class Store(NightLedger):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
@@ -415,34 +417,6 @@ class Store:
         return [record(r, ("meta",)) for r in rows]
 
     # -- health ---------------------------------------------------------------
-
-    # -- the night's ledger -----------------------------------------------------
-
-    async def put_record(self, night_id: int, kind: str, key: str, payload: dict) -> None:
-        """Remember one finished work item of a night (a judged window, a prediction...)."""
-        await self._fetch(
-            "INSERT OR REPLACE INTO night_records (night_id, kind, key, payload, created_at) "
-            "VALUES (?, ?, ?, ?, ?)", (night_id, kind, key, dumps(payload, "record"), time.time()))
-
-    async def records(self, night_id: int, kind: str) -> dict[str, dict]:
-        rows = await self._fetch("SELECT key, payload FROM night_records WHERE night_id = ? "
-                                 "AND kind = ? ORDER BY rowid", (night_id, kind))
-        return {r["key"]: record(r, ("payload",))["payload"] for r in rows}
-
-    async def save_advantages(self, night_id: int, rows: list[dict]) -> None:
-        """Replace a night's advantages: rows of episode_id, step_id, advantage, parts."""
-        async with self._write() as db:
-            await db.execute("DELETE FROM advantages WHERE night_id = ?", (night_id,))
-            await db.executemany(
-                "INSERT INTO advantages (night_id, episode_id, step_id, advantage, parts) "
-                "VALUES (?, ?, ?, ?, ?)",
-                [(night_id, r["episode_id"], r["step_id"], float(r["advantage"]),
-                  dumps(r.get("parts", {}), "parts")) for r in rows])
-
-    async def advantages(self, night_id: int) -> list[dict]:
-        rows = await self._fetch("SELECT * FROM advantages WHERE night_id = ? ORDER BY step_id",
-                                 (night_id,))
-        return [record(r, ("parts",)) for r in rows]
 
     async def integrity_check(self) -> str:
         """"ok", or SQLite's description of what is broken (pages or foreign keys)."""

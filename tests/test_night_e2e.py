@@ -99,7 +99,7 @@ max_tokens = 512
         assert (await greedy(real)) == before  # the live model kept serving
         assert rt.supervisor.pid == first_pid
 
-        rt.night.launch(1)  # resume: judged windows come from the night ledger
+        await rt.night.resume(1)  # judged windows come from the night ledger
         job = await wait_for(rt, 1, ("live", "done", "failed"), 900)
         assert job["state"] == "live", (job["error"], job["progress"].get("gate"))
         assert job["progress"]["counts"]["windows_resumed"] >= 1

@@ -170,7 +170,7 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
         night = Night(config, store, job_id)
         night.progress = dict(job["progress"])
         night.progress.setdefault("since", job["args"].get("since", since))
-        await store.update_job(job_id, pid=os.getpid())
+        await store.update_job(job_id, state="running", pid=os.getpid(), error="")
         try:
             await _stages(night, config, store)
         except Cancelled:
