@@ -17,7 +17,7 @@
    threshold pinned at 1 MiB (freed tensors leave the RSS: live memory) and
    with glibc's default (what a CPU run really holds).
 
-    .venv/bin/python bench/train.py [--model DIR] [--tokens 512] [--reps 2] [--lengths 2048,8192,24576]
+    .venv/bin/python bench/train.py [--model DIR] [--tokens 512] [--reps 3] [--lengths 2048,8192,24576]
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=HF_DIR, help="model for the step-time part")
     parser.add_argument("--tokens", type=int, default=512, help="sequence length for the step time")
-    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lengths", default="2048,8192,24576")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

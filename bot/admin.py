@@ -57,7 +57,7 @@ async def sleep(rt: Runtime, requested_by: str, channel: str) -> str:
     episodes = await rt.store.episodes_since(since)
     job = await rt.store.create_job("sleep", {"requested_by": requested_by, "channel": channel,
                                               "since": since, "requested_at": time.time()})
-    rt.night.launch(job)
+    await rt.night.launch(job)
     when = "the start" if not since else time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
     return (f"Going to sleep: night job #{job} over {len(episodes)} episodes since {when}.\n"
             f"It runs {' → '.join(NIGHT_STAGES)}; /wake cancels it. "

@@ -61,6 +61,14 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def _reap(child: subprocess.Popen) -> None:
+    try:
+        child.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
 def stop_trainer(pid: int | None) -> None:
     if pid_alive(pid):
         try:
@@ -91,18 +99,28 @@ class NightWatch:
             self._task = asyncio.create_task(self._loop(), name="night-watch")
 
     async def close(self) -> None:
+        """Stop watching, and stop the nights this bot started: they need its model server.
+        Such a night is marked failed at the next start, and resumes with its job id."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        for child in self.children.values():
+            stop_trainer(child.pid)
+        for child in self.children.values():
+            await asyncio.to_thread(_reap, child)
+        self.children.clear()
 
-    def launch(self, job_id: int) -> None:
-        self.children[job_id] = start_trainer(self.rt, job_id)
+    async def launch(self, job_id: int) -> None:
+        child = start_trainer(self.rt, job_id)
+        self.children[job_id] = child
+        # The job names its process at once, so the watch never judges it by a stale pid.
+        await self.rt.store.update_job(job_id, pid=child.pid)
 
     async def resume(self, job_id: int) -> None:
         """Start a failed or cancelled night again where it stopped."""
         await self.rt.store.update_job(job_id, state="queued", error="")
-        self.launch(job_id)
+        await self.launch(job_id)
 
     async def _loop(self) -> None:
         while True:

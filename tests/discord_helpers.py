@@ -74,7 +74,11 @@ async def start_runtime(config: Config, llm: ScriptedLLM) -> Runtime:
                              llm=llm, start_server=False)
     # The front end is under test, not the trainer: record the launch instead of running it.
     rt.night.launched = []
-    rt.night.launch = rt.night.launched.append
+
+    async def launch(job_id: int) -> None:
+        rt.night.launched.append(job_id)
+
+    rt.night.launch = launch
     return rt
 
 
