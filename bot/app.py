@@ -65,6 +65,8 @@ async def run_bot(config: Config) -> int:
             rt.night.listeners.append(night_progress)
 
             async def turn(channel: str, text: str):
+                if rt.night.asleep:
+                    renderer.info("(asleep: training has the GPU; the message is queued)")
                 try:
                     return await rt.turn(channel, text, "console")
                 except Busy as exc:

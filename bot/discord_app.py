@@ -56,6 +56,8 @@ __all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 logger = logging.getLogger("nightshift.discord")
 REACTION_LABELS = {"\N{WHITE HEAVY CHECK MARK}": "accepted", "\N{CROSS MARK}": "rejected"}
 REPLY_EVENT = "discord_reply"
+ASLEEP = ("I'm asleep: tonight's training has the GPU. Your message is queued, and I'll "
+          "answer when I wake.")
 TURN_FAILED = ("Sorry, something went wrong while answering that; the error is logged. "
                "Please try again.")
 
@@ -167,6 +169,8 @@ class NightshiftBot(commands.Bot):
 
     async def _answer(self, message: discord.Message, text: str) -> None:
         key = channel_key(message.channel, message.author.id)
+        if self.rt.night.asleep:
+            await send_reply(message, ASLEEP)
         async with message.channel.typing():
             outcome = await self._turn(key, message, text)
         if isinstance(outcome, str):
