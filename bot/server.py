@@ -16,7 +16,8 @@ failure, but only for up to ``server.request_timeout_s``: no legitimate request
 runs longer than that, so a server spinning for longer is restarted too.
 
 Server kinds sit behind the small ``ServerKind`` protocol: ``llama-cpp-python``
-(``python -m llama_cpp.server``), ``llama-server`` (llama.cpp's binary) and
+(``python -m llama_cpp.server`` through ``bot.llama_shim``, which turns off
+the chat template's HTML escaping), ``llama-server`` (llama.cpp's binary) and
 ``external`` (started by the user; we only probe it and never signal it).
 """
 

@@ -17,15 +17,16 @@ from bot.llm import LLM
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 
-PROMPT = "What is the capital of France?"
+PROMPT = "Tell me a short story about a lighthouse keeper."
 
 
 def day_script(messages, kwargs):
     """A day with tool calls: write a note, read it back, answer."""
     last = messages[-1]
     if last["role"] == "user":
-        if "capital" in last["content"]:
-            return say("The capital of France is Paris.")
+        if "lighthouse" in last["content"]:
+            return say("Ada kept the lighthouse on Gull Rock. Every night she counted the ships, "
+                       "and every morning she wrote their names in a blue book.")
         return call("write_file", {"path": "note.txt", "content": last["content"]}, "w1")
     if last.get("name") == "write_file":
         return call("read_file", {"path": "note.txt"}, "r1")
@@ -44,7 +45,8 @@ async def wait_for(rt: Runtime, job_id: int, states: tuple, timeout: float) -> d
 
 
 async def greedy(llm: LLM) -> str:
-    reply = await llm.chat([{"role": "user", "content": PROMPT}], max_tokens=24, temperature=0)
+    # A long open answer: any real change to the weights shows in its greedy continuation.
+    reply = await llm.chat([{"role": "user", "content": PROMPT}], max_tokens=64, temperature=0)
     return reply.content
 
 

@@ -1,6 +1,7 @@
 """bot.server: command lines per kind, start/stop, the canary watchdog, start failures.
 
-The ``slow`` tests run the real llama_cpp.server with the tiny embedded model.
+The ``slow`` tests run the real llama_cpp.server (through ``bot.llama_shim``)
+with the tiny embedded model.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def test_llama_cpp_python_command_serves_the_gguf_with_the_configured_settings(t
         model={"alias": "nick", "context_tokens": 2048, "chat_format": "chatml"},
     )  # fmt: skip
     argv = server_kind("llama-cpp-python").command(config, Path("/m.gguf"), "127.0.0.1", 9001)
-    assert argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
+    assert argv[:3] == [sys.executable, "-m", "bot.llama_shim"]  # llama_cpp.server, unescaped
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags == {
         "--model": "/m.gguf",
@@ -78,7 +79,8 @@ def test_llama_cpp_python_command_leaves_threads_to_llama_cpp_by_default(tmp_pat
 
 def test_llama_server_command_uses_the_binary_alias_and_jinja_template(tmp_path):
     config = make_config(
-        tmp_path, 9002, server={"kind": "llama-server", "binary": "/opt/llama-server", "threads": 4}
+        tmp_path, 9002, server={"kind": "llama-server", "binary": "/opt/llama-server", "threads": 4},
+        model={"context_tokens": 4096},
     )
     argv = server_kind("llama-server").command(config, Path("/m.gguf"), "127.0.0.1", 9002)
     assert argv[0] == "/opt/llama-server"

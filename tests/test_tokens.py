@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
+import jinja2.sandbox
 import pytest
 from llama_cpp import llama_chat_format
 
+from bot.llama_shim import plain_templates
 from bot.wire import FUNCTION_CALLING, server_messages
 from trainer.tokens import (
     ACTION,
@@ -28,7 +34,7 @@ TOOLS = [{"type": "function", "function": {
 CALL = {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}
 CALL_B = {"id": "c2", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "b.txt"}'}}
 # An episode with tools: system, user, two tool calls in one message, their results, a text answer,
-# another user turn, a tool call, its result and a last answer. Text holds characters Jinja escapes.
+# another user turn, a tool call, its result and a last answer. Text holds characters HTML escapes.
 EPISODE = [
     {"role": "system", "content": "You are <b>helpful</b> & 'brief'."},
     {"role": "user", "content": 'Read "a.txt" and b.txt <now>.'},
@@ -71,6 +77,7 @@ class _PromptCatcher:
 
 
 def _served_prompt(messages: list[dict], tools: list[dict] | None, tool_choice: str) -> str:
+    plain_templates()  # as the server runs it, through bot.llama_shim
     with pytest.raises(_Captured) as caught:
         llama_chat_format.chatml_function_calling(
             llama=_PromptCatcher(), messages=server_messages(messages, FUNCTION_CALLING),
@@ -84,7 +91,7 @@ def _ids(tokenizer, text: str) -> list[int]:
 
 @pytest.mark.parametrize("cut", range(1, len(EPISODE) + 1))
 @pytest.mark.parametrize("tool_choice", ["auto", "none"])
-def test_prompt_text_equals_llama_cpp_template_including_html_escapes(cut, tool_choice):
+def test_prompt_text_equals_the_shimmed_llama_cpp_template(cut, tool_choice):
     messages = EPISODE[:cut]
     assert render_prompt(messages, TOOLS, tool_choice) == _served_prompt(messages, TOOLS, tool_choice)
 
@@ -97,12 +104,25 @@ def test_prompt_text_equals_template_for_odd_shapes():
         assert render_prompt(odd, tools, choice) == _served_prompt(odd, tools, choice)
 
 
-def test_escaping_is_what_the_model_reads():
+def test_the_model_reads_raw_text_and_only_the_tool_list_is_escaped():
     prompt = render_prompt(EPISODE[:4], TOOLS, "auto")
-    assert "{&#34;path&#34;: &#34;a.txt&#34;}functions.read_file:" in prompt  # calls: no separator
-    assert "x &lt; y &amp;&amp; z" in prompt
-    assert "a \\u003crelative\\u003e path \\u0026 \\u0027name\\u0027" in prompt  # tojson
+    assert prompt == _served_prompt(EPISODE[:4], TOOLS, "auto")
+    assert '{"path": "a.txt"}functions.read_file:' in prompt  # its own calls; no separator
+    assert 'Read "a.txt" and b.txt <now>.' in prompt and "x < y && z" in prompt
+    assert "You are <b>helpful</b> & 'brief'." in prompt
+    assert not any(escape in prompt for escape in ("&#34;", "&lt;", "&gt;", "&amp;", "&#39;"))
+    assert "a \\u003crelative\\u003e path \\u0026 \\u0027name\\u0027" in prompt  # tojson, always
     assert not prompt.startswith("<|endoftext|>")  # no BOS
+
+
+def test_the_shim_only_turns_autoescape_off_and_applies_once():
+    plain_templates()
+    patched = llama_chat_format.ImmutableSandboxedEnvironment
+    plain_templates()
+    assert llama_chat_format.ImmutableSandboxedEnvironment is patched
+    assert issubclass(patched, jinja2.sandbox.ImmutableSandboxedEnvironment)  # still sandboxed
+    env = patched(autoescape=True, undefined=jinja2.StrictUndefined)
+    assert env.autoescape is False and env.undefined is jinja2.StrictUndefined
 
 
 @pytest.mark.parametrize("view,rows", [("tools", EPISODE), ("plain", EPISODE), ("plain", CHAT)])
@@ -118,13 +138,13 @@ def test_rendering_is_prefix_preserving(tokenizer, view, rows):
         assert full.kinds[:n] == head.kinds[:n] and full.messages[:n] == head.messages[:n]
 
 
-def test_context_is_exact_up_to_each_views_first_action(tokenizer):
-    for view, first in (("tools", 2), ("plain", 5)):
+def test_context_is_exact_up_to_the_tools_views_first_action_and_throughout_plain(tokenizer):
+    for view, action in (("tools", 2), ("plain", 5), ("plain", 9)):
         seq = render(EPISODE, TOOLS, tokenizer, view=view)
         choice = "auto" if view == "tools" else "none"
-        prompt = _ids(tokenizer, render_prompt(EPISODE[:first], TOOLS, choice))
+        prompt = _ids(tokenizer, render_prompt(EPISODE[:action], TOOLS, choice))
         assert seq.ids[:len(prompt)] == prompt
-        assert seq.kinds[len(prompt)] == ACTION and seq.messages[len(prompt)] == first
+        assert seq.kinds[len(prompt)] == ACTION and seq.messages[len(prompt)] == action
 
 
 def test_plain_chat_context_is_exact_before_every_answer(tokenizer):
@@ -158,11 +178,11 @@ def test_actions_are_what_the_model_generated(tokenizer):
 
 def test_observations_are_user_and_tool_contents_counted_once(tokenizer):
     tools_view, plain_view = render_row({"messages": EPISODE, "tools": TOOLS}, tokenizer)
-    assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x &lt; y &amp;&amp; z"  # as served
-    assert _decode(tokenizer, tools_view, OBSERVATION, 1) == "Read &#34;a.txt&#34; and b.txt &lt;now&gt;."
+    assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x < y && z"  # raw, as served
+    assert _decode(tokenizer, tools_view, OBSERVATION, 1) == 'Read "a.txt" and b.txt <now>.'
     assert "Result of" not in _decode(tokenizer, tools_view, OBSERVATION)
     assert OBSERVATION not in plain_view.kinds  # already counted in the tools view
-    assert _decode(tokenizer, tools_view, IGNORE).startswith("<|im_start|>system\nYou are &lt;b&gt;")
+    assert _decode(tokenizer, tools_view, IGNORE).startswith("<|im_start|>system\nYou are <b>helpful</b>")
     (chat,) = render_row({"messages": CHAT, "tools": []}, tokenizer)
     assert _decode(tokenizer, chat, OBSERVATION) == "Hi thereName a colour."
 
@@ -233,6 +253,7 @@ def test_other_chat_formats_are_refused(tokenizer):
 def llama(served_gguf):
     import llama_cpp
 
+    plain_templates()  # the handler reads the patched class at each call, as the shimmed server does
     return llama_cpp.Llama(model_path=str(served_gguf), n_ctx=2048,
                            chat_format=FUNCTION_CALLING, verbose=False)
 
@@ -278,3 +299,51 @@ def test_token_count_equals_llama_cpp_prompt_tokens_without_tools(llama, tokeniz
         ids = _ids(tokenizer, ours)
         assert reply["usage"]["prompt_tokens"] == len(ids)
         assert llama.tokenize(ours.encode(), add_bos=True, special=True) == ids
+
+
+@pytest.mark.slow
+def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free_port, tokenizer, tmp_path):
+    """The real server through bot.llama_shim reads the unescaped prompt we render.
+
+    Under ``auto`` the reply's usage sums the handler's follow-up completions:
+    the prompt plus ``message:\\n``, or, per call, the prompt plus the calls
+    before it (``functions.NAME:\\nARGS\\n`` each) and ``functions.NAME:\\n``.
+    """
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "read_file", "arguments": '{"path": "x<y \\"q\\".txt"}'}}
+    messages = [*EPISODE[:2], {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "x < y && z"}]
+    argv = [sys.executable, "-m", "bot.llama_shim", "--model", str(served_gguf), "--port", str(free_port),
+            "--chat_format", FUNCTION_CALLING, "--n_ctx", "2048"]
+    base = f"http://127.0.0.1:{free_port}/v1"
+    with open(tmp_path / "server.log", "wb") as log:
+        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{base}/models", timeout=2, trust_env=False).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the shimmed server never answered /v1/models"
+            time.sleep(0.2)
+        reply = httpx.post(f"{base}/chat/completions", timeout=120, trust_env=False, json={
+            "messages": server_messages(messages, FUNCTION_CALLING), "tools": TOOLS,
+            "tool_choice": "auto", "max_tokens": 1, "temperature": 0, "seed": 0}).json()
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    ours = render_prompt(messages, TOOLS, "auto")
+    assert '"path": "x<y \\"q\\".txt"' in ours and "&#34;" not in ours
+    message = reply["choices"][0]["message"]
+    if message.get("tool_calls"):
+        prompts, done = [], ""
+        for c in message["tool_calls"]:
+            head = f"functions.{c['function']['name']}:\n"
+            prompts.append(ours + done + head)
+            done += head + c["function"]["arguments"] + "\n"
+    else:
+        prompts = [ours + "message:\n"]
+    assert reply["usage"]["prompt_tokens"] == sum(len(_ids(tokenizer, p)) for p in prompts)

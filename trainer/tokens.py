@@ -10,17 +10,19 @@ sequences. Each token has a kind and the index of the row message it came from:
   (role headers, ``Result of NAME:`` prefixes, newlines the harness inserted).
 
 The server is ``llama_cpp.server --chat_format chatml-function-calling``
-(llama-cpp-python 0.3.36) fed with ``bot.wire.server_messages``. Its template
-(``llama_chat_format.chatml_function_calling``) is replicated here character
-for character, checked by the tests against the library itself:
+(llama-cpp-python 0.3.36) started through ``bot.llama_shim``, which turns off
+the template's HTML autoescape, fed with ``bot.wire.server_messages``. Its
+template (``llama_chat_format.chatml_function_calling``) is replicated here
+character for character, checked by the tests against the library itself (with
+the shim's patch applied):
 
 - with tools (``tool_choice="auto"``) the tool list is appended to the system
   message, assistant text is shown as ``message:\\n...`` and tool calls as
   ``functions.NAME:\\nARGS`` (several calls concatenated, no separator);
 - without tools (``"none"``, or no tools at all) it is plain ChatML;
-- Jinja's autoescape is on, so every rendered string is HTML-escaped
-  (``<`` -> ``&lt;``, ``"`` -> ``&#34;``) and ``tojson`` sorts keys and
-  escapes ``<>&'`` as ``\\u003c``...: the model really reads that;
+- every string is rendered raw (a ``"`` or ``<`` in a file or in the model's
+  own arguments reads as itself), except the tool list: ``tojson`` sorts keys
+  and escapes ``<>&'`` as ``\\u003c``... whatever the autoescape setting;
 - llama.cpp tokenizes the whole prompt in one go, parsing special tokens and
   adding no BOS for SmolLM2 (``tokenizer.ggml.add_bos_token`` is false); the
   HF tokenizer with ``add_special_tokens=False`` gives the same ids.
@@ -40,14 +42,14 @@ context:
 
 Simplifications, where the rendering is not exact:
 
-- An action is rendered as generated, not as the template re-renders it: raw
-  text (no HTML escapes), and tool calls as llama-cpp produced them, each
-  ``functions.NAME:\\nARGS\\n`` and then ``<|im_end|>`` (the harness's ``\\n``s
-  are IGNORE). Later requests showed the escaped, newline-less form, so the
-  context of a later action differs from the server's whenever an earlier
-  action of the same view held a tool call or an escaped character. The
-  context is exact up to each view's first action, and for text answers
-  without ``<>&'"`` throughout.
+- An action is rendered as generated, not as the template re-renders it: tool
+  calls as llama-cpp produced them, each ``functions.NAME:\\nARGS\\n`` and then
+  ``<|im_end|>`` (the harness's ``\\n``s are IGNORE). Later requests showed
+  them newline-less, so in the tools view the context of every action after
+  the first differs from the server's by those newlines. Text answers read the
+  same either way (raw text, then ``<|im_end|>\\n``), so the plain view's
+  context is exact throughout, as text; only an empty answer, which the
+  template drops entirely, differs.
 - Generated tokens are not stored, only text. Each action is tokenized apart
   from the context before it, as it was generated after a tokenized prompt, so
   no token straddles the prompt and the answer (and rendering stays
@@ -71,7 +73,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import markupsafe
 from jinja2.utils import htmlsafe_json_dumps
 
 from bot.wire import FUNCTION_CALLING, TOOL_RESULT_PREFIX, server_messages
@@ -118,18 +119,14 @@ class _Segment:
     message: int
 
 
-def _esc(value: Any) -> str:
-    return str(markupsafe.escape(value))
-
-
 # -- the template, segment by segment --------------------------------------------
 
 
 def _system(content: Any, tools: list[dict], i: int) -> list[_Segment]:
-    segs = [_Segment(_esc(content), IGNORE, i)]
+    segs = [_Segment(str(content), IGNORE, i)]
     if tools:
         listing = "".join(
-            f"\nfunctions.{_esc(t['function']['name'])}:\n"
+            f"\nfunctions.{t['function']['name']}:\n"
             f"{htmlsafe_json_dumps(t['function']['parameters'], sort_keys=True)}\n"
             for t in tools)
         segs.append(_Segment(_TOOL_INTRO + listing + _TOOL_OUTRO, IGNORE, -1))
@@ -140,10 +137,10 @@ def _user(original: dict, sent: dict, i: int, observe: bool) -> list[_Segment]:
     kind = OBSERVATION if observe else IGNORE
     if original.get("role") == "tool":
         prefix = TOOL_RESULT_PREFIX.format(name=original.get("name") or "the tool")
-        body = [_Segment(_esc(prefix), IGNORE, -1),
-                _Segment(_esc(original.get("content") or ""), kind, i)]
+        body = [_Segment(prefix, IGNORE, -1),
+                _Segment(str(original.get("content") or ""), kind, i)]
     else:
-        body = [_Segment(_esc(sent["content"]), kind, i)]
+        body = [_Segment(str(sent["content"]), kind, i)]
     return [*body, _Segment(END + "\n", IGNORE, -1)]
 
 
@@ -152,9 +149,9 @@ def _assistant_as_rendered(sent: dict, tools: list[dict], i: int) -> list[_Segme
     segs = []
     content = sent.get("content")
     if content:
-        segs.append(_Segment(("message:\n" if tools else "") + _esc(content) + END + "\n", IGNORE, i))
+        segs.append(_Segment(("message:\n" if tools else "") + str(content) + END + "\n", IGNORE, i))
     if "tool_calls" in sent:
-        calls = "".join(f"functions.{_esc(c['function']['name'])}:\n{_esc(c['function']['arguments'])}"
+        calls = "".join(f"functions.{c['function']['name']}:\n{c['function']['arguments']}"
                         for c in sent["tool_calls"])
         segs.append(_Segment(calls + END + "\n", IGNORE, i))
     return segs
@@ -168,10 +165,9 @@ def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segm
                 _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
     segs = _assistant_as_rendered({"content": sent.get("content")}, tools, -1)  # never both, in practice
     for call in calls:
-        arguments = call["function"]["arguments"]
         segs += [_Segment(f"functions.{call['function']['name']}:", ACTION, i),
                  _Segment("\n", IGNORE, -1),
-                 _Segment(arguments if isinstance(arguments, str) else str(arguments), ACTION, i),
+                 _Segment(str(call["function"]["arguments"]), ACTION, i),
                  _Segment("\n", IGNORE, -1)]
     return [*segs, _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
 
@@ -181,7 +177,7 @@ def _segments(messages: list[dict], tools: list[dict], actions: set[int],
     segs = []
     for i, (original, sent) in enumerate(zip(messages, server_messages(messages, FUNCTION_CALLING))):
         role = sent.get("role")
-        segs.append(_Segment(f"<|im_start|>{_esc(role)}\n", IGNORE, -1))
+        segs.append(_Segment(f"<|im_start|>{role}\n", IGNORE, -1))
         if role == "system":
             segs += _system(sent["content"], tools, i)
         elif role == "user":
