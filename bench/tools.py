@@ -57,10 +57,32 @@ async def main(runs: int) -> None:
             reads.append(await _timed(registry, "read_file", {"path": "notes.txt"}, ctx))
         for _ in range(runs):
             undos.append(await _timed(registry, "undo", {}, ctx))
+    searches, sandboxed = await _notes_and_python(registry, min(runs, 50))
     print(f"tools bench: {runs} runs each, 200-line file ({sum(map(len, lines))} bytes)")
     _report("edit_file (replace_text) + journal entry", edits)
     _report("read_file (100 lines)", reads)
     _report("undo (one edit)", undos)
+    _report("note_search (200 notes, k=5)", searches)
+    _report("run_python print(1), sandboxed, journaled", sandboxed)
+
+
+async def _notes_and_python(registry, runs: int) -> tuple[list[float], list[float]]:
+    from bot.embedder import MiniLMEmbedder
+    from sandbox.process import Sandbox
+    from tools.notes import NoteStore
+
+    with tempfile.TemporaryDirectory() as base:
+        notes = NoteStore(Path(base) / "notes", MiniLMEmbedder())
+        ctx = ToolContext.open("bench", Workspace(Path(base) / "ws"), Path(base) / "state",
+                               notes=notes, sandbox=Sandbox())
+        topics = ["rivers", "tea", "compilers", "owls", "granite", "jazz", "orbits", "bread"]
+        for i in range(200):
+            notes.add("bench", f"note {i} about {topics[i % 8]} and item {i * 7 % 13}", f"n{i}")
+        searches = [await _timed(registry, "note_search", {"query": f"{topics[i % 8]} facts"}, ctx)
+                    for i in range(runs)]
+        runs_py = [await _timed(registry, "run_python", {"code": "print(1)"}, ctx)
+                   for _ in range(min(runs, 20))]
+    return searches, runs_py
 
 
 if __name__ == "__main__":
