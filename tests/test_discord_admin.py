@@ -42,6 +42,22 @@ async def test_sleep_command_from_an_admin_queues_a_night(discord_env):
     assert job["state"] == "queued" and job["args"]["channel"] == str(h.general.id)
     assert str(h.alice.id) in job["args"]["requested_by"]
     assert h.llm.calls == []  # a command never reaches the agent
+    assert h.rt.night.launched == [job["id"]]  # the trainer process was started for it
+
+
+async def test_night_progress_is_edited_into_one_message_in_the_asking_channel(discord_env):
+    h = await discord_env([])
+    await dpytest.message("!sleep", channel=h.general, member=h.alice)
+    [job] = await h.rt.store.jobs("sleep")
+    await h.rt.store.update_job(job["id"], state="judging")
+    await h.bot.night_progress(await h.rt.store.job(job["id"]))
+    await h.rt.store.update_job(job["id"], state="training",
+                                progress={"train_step": {"step": 3, "steps": 8, "oapl": 0.25}})
+    await h.bot.night_progress(await h.rt.store.job(job["id"]))
+    messages = [m async for m in h.general.history(limit=10)]
+    progress = [m for m in messages if m.content.startswith(f"Night #{job['id']}")]
+    assert len(progress) == 1
+    assert progress[0].content == f"Night #{job['id']}: training · step 3/8, OAPL 0.2500"
 
 
 async def test_sleep_command_from_a_non_admin_is_refused_politely(discord_env):

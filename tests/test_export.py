@@ -96,3 +96,26 @@ def test_a_release_for_another_tokenizer_or_with_changed_settings_is_refused(tin
         verify_release(release)
     with pytest.raises(ReleaseError, match="not a release"):
         verify_release(tmp_path)
+
+
+@pytest.mark.slow
+def test_adapter_only_release_serves_the_lora_on_top_of_the_base_gguf(tiny, tmp_path):
+    from llama_cpp import Llama
+
+    from trainer.converter import convert_hf_to_gguf
+
+    converter = fetch_converter(ROOT / "data/cache")
+    base_gguf = convert_hf_to_gguf(converter, tiny / "base", tmp_path / "base-f16.gguf", "f16")
+    release = tmp_path / "adapter-release"
+    served = export_release(tiny / "adapter", tiny / "base", release, converter, night=3, step=1,
+                            mode="adapter", base_gguf=base_gguf)
+    assert served == base_gguf
+    meta = verify_release(release, tiny / "base")
+    assert meta["mode"] == "adapter" and "adapter-f16.gguf" in meta["files"]
+    prompt = [1, 2, 3, 4]
+    plain = Llama(str(base_gguf), n_ctx=32, verbose=False, logits_all=True)
+    plain.eval(prompt)
+    tuned = Llama(str(base_gguf), lora_path=str(release / "adapter-f16.gguf"), n_ctx=32,
+                  verbose=False, logits_all=True)
+    tuned.eval(prompt)
+    assert list(plain.scores[3]) != list(tuned.scores[3])  # the LoRA changes the logits
