@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import socket
 import statistics
 import sys
 import tempfile
@@ -105,7 +106,10 @@ async def model_share(turns: int, data_dir: Path) -> tuple[float, float, float]:
     config.model.gguf = ROOT / "data/models/smollm2-135m-instruct-q8_0.gguf"
     config.model.hf_dir = ROOT / "data/models/smollm2-135m-instruct-hf"
     config.agent.max_reply_tokens = 32
-    config.server.port = 18377
+    config.agent.max_steps = 2
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        config.server.port = sock.getsockname()[1]
     rt = await Runtime.start(config)
     model_ms: list[float] = []
     chat = rt.llm.chat
@@ -134,7 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--channels", type=int, default=50)
-    parser.add_argument("--model-turns", type=int, default=10)
+    parser.add_argument("--model-turns", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rate = asyncio.run(scripted_throughput(args.turns, args.channels, Path(tmp) / "a"))
