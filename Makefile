@@ -41,8 +41,7 @@ doctor: model
 	$(PY) -m bot $(CONFIG_ARG) doctor
 
 bench: model
-	$(PY) bench/store.py
-	$(PY) bench/server.py
+	for b in store server agent tools sandbox night train export swap; do $(PY) bench/$$b.py || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV)
