@@ -41,12 +41,13 @@ class JsonClient:
         return cls(base_url or config.base_url, config.model.alias, config.server.request_timeout_s)
 
     async def ask(self, messages: list[dict], schema: dict, max_tokens: int,
-                  name: str = "answer") -> tuple[Any | None, str]:
+                  name: str = "answer", temperature: float = 0.0) -> tuple[Any | None, str]:
         """(parsed JSON or None, raw text) for one schema-constrained completion."""
         self.requests += 1
         try:
             completion = await self._client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=max_tokens, temperature=0,
+                model=self.model, messages=messages, max_tokens=max_tokens,
+                temperature=temperature,
                 response_format=json_format({"title": name, **schema}))
         except (openai.APIConnectionError, openai.InternalServerError) as exc:
             raise ModelUnavailable(f"the model server failed: {exc}") from exc

@@ -166,10 +166,12 @@ class Judge:
         problem = ""
         while attempts < self.settings.judge_attempts:
             attempts += 1
+            # Greedy first; a retry samples, or it would repeat the same invalid reply.
             answer, raw = await self.client.ask(self._prompt(day, lo, hi, view_lo, view_hi),
                                                 report_schema(lo, hi, view_lo, view_hi,
                                                               self.settings.extend_limit),
-                                                self.settings.judge_max_tokens, "judge_report")
+                                                self.settings.judge_max_tokens, "judge_report",
+                                                temperature=0.0 if attempts == 1 else 0.7)
             if isinstance(answer, dict) and answer.get("action") == "extend" \
                     and extends < self.settings.max_extends:
                 extends += 1

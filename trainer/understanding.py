@@ -38,8 +38,9 @@ async def understanding_score(client: JsonClient, episode: Episode, attempts: in
                 for i, s in enumerate(s for s in episode.steps if s.role != "system")]
     prompt = [{"role": "system", "content": UNDERSTANDING_SYSTEM},
               {"role": "user", "content": render(messages, 0, len(messages))}]
-    for _ in range(attempts):
-        answer, _raw = await client.ask(prompt, SCHEMA, 48, "understanding")
+    for attempt in range(attempts):  # greedy first; retries sample
+        answer, _raw = await client.ask(prompt, SCHEMA, 48, "understanding",
+                                        temperature=0.0 if attempt == 0 else 0.7)
         if isinstance(answer, dict) and answer.get("agent_understood") in (-2, -1, 0, 1, 2) \
                 and answer.get("user_understood") in (-2, -1, 0, 1, 2):
             return (answer["agent_understood"] + answer["user_understood"]) / 4

@@ -112,8 +112,9 @@ async def predict(client: JsonClient, memory: ValueMemory, subtask: SubTask, k: 
     now = time.time() if now is None else now
     neighbours = memory.nearest(subtask.description, k, now, half_life_days)
     prompt = value_prompt(subtask, neighbours)
-    for _ in range(attempts):
-        answer, raw = await client.ask(prompt, SCHEMA, 32, "value_prediction")
+    for attempt in range(attempts):  # greedy first; retries sample
+        answer, raw = await client.ask(prompt, SCHEMA, 32, "value_prediction",
+                                       temperature=0.0 if attempt == 0 else 0.7)
         if isinstance(answer, dict) and answer.get("score") in (-2, -1, 0, 1, 2) \
                 and isinstance(answer.get("length"), int) and answer["length"] >= 1:
             return Prediction(subtask.key, answer["score"] / 2, float(answer["length"]),
