@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bot.config import Config  # noqa: E402
+from fixtures import free_port  # noqa: E402
 from bot.llm import LLM  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 
@@ -107,9 +107,7 @@ async def model_share(turns: int, data_dir: Path) -> tuple[float, float, float]:
     config.model.hf_dir = ROOT / "data/models/smollm2-135m-instruct-hf"
     config.agent.max_reply_tokens = 32
     config.agent.max_steps = 2
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        config.server.port = sock.getsockname()[1]
+    config.server.port = free_port()
     rt = await Runtime.start(config)
     model_ms: list[float] = []
     chat = rt.llm.chat

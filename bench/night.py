@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bot.config import Config  # noqa: E402
+from fixtures import free_port  # noqa: E402
 from bot.embedder import MiniLMEmbedder  # noqa: E402
 from bot.server import ServerSupervisor  # noqa: E402
 from bot.store import Step, Store  # noqa: E402
@@ -68,9 +68,7 @@ async def night(episodes: int, data: Path) -> None:
     config.paths.data_dir = data
     config.model.gguf = ROOT / "data/models/smollm2-135m-instruct-q8_0.gguf"
     config.model.hf_dir = ROOT / "data/models/smollm2-135m-instruct-hf"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        config.server.port = s.getsockname()[1]
+    config.server.port = free_port()
     supervisor = ServerSupervisor(config)
     await supervisor.start(watchdog=False)
     store = await Store.open(data / "store.db")

@@ -18,9 +18,7 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,24 +26,11 @@ from pathlib import Path
 from bot.config import Config
 from bot.llm import LLM
 from bot.server import ServerSupervisor
+from fixtures import find_gguf, free_port
 
-DEFAULT_GGUF = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-q8_0.gguf"
 WATCHDOG = {"interval_s": 1.0, "canary_timeout_s": 2.0, "failures_before_restart": 2,
             "restart_cooldown_s": 0}  # fmt: skip
 CHAT = [{"role": "user", "content": "Say hello."}]
-
-
-def find_gguf(arg: str | None) -> Path:
-    path = Path(arg or os.environ.get("NIGHTSHIFT_TEST_GGUF") or DEFAULT_GGUF)
-    if not path.is_file():
-        sys.exit(f"no GGUF at {path}: run the setup step (make test) or pass --gguf PATH")
-    return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_config(data_dir: Path) -> Config:

@@ -195,11 +195,13 @@ class Registry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._schemas: list[dict] | None = None
 
     def register(self, t: Tool) -> None:
         if t.name in self._tools:
             raise ValueError(f"tool {t.name!r} is registered twice")
         self._tools[t.name] = t
+        self._schemas = None
 
     def register_module(self, module: types.ModuleType) -> None:
         """Register the module's own tools (not ones it imported), in definition order."""
@@ -214,7 +216,11 @@ class Registry:
         return list(self._tools)
 
     def schemas(self) -> list[dict]:
-        return [t.schema() for t in self._tools.values()]
+        """The tools' JSON schemas, built once: the agent asks several times per turn.
+        Callers must not change the list."""
+        if self._schemas is None:
+            self._schemas = [t.schema() for t in self._tools.values()]
+        return self._schemas
 
     async def call(self, name: str, arguments: str | dict | None, ctx: ToolContext) -> ToolResult:
         start = time.perf_counter()
