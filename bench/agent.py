@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bot.config import Config  # noqa: E402
 from fixtures import free_port  # noqa: E402
-from bot.llm import LLM  # noqa: E402
+from bot.serving.client import LLM  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 
 CANNED = {"id": "c", "object": "chat.completion", "created": 0, "model": "scripted",

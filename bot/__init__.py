@@ -1,1 +1,36 @@
-"""bot"""
+"""Nightshift's bot: the day side. Its rooms, and who may import whom.
+
+Top level, the agent and what drives it:
+
+- ``agent``: one turn, the linear tool-calling loop;
+- ``channels``: one queue and worker per channel, the stray end-of-turn check;
+- ``runtime``: builds everything a front end talks to, and closes it;
+- ``console``, ``app``: the local console, and the start of the bot;
+- ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``.
+
+Sub-packages, one concern each:
+
+- ``bot.config``: config.toml's schema and loading;
+- ``bot.storage``: the SQLite store (trajectories, labels, jobs, releases),
+  its schema and migrations, the night's ledger, the offline embedder;
+- ``bot.serving``: the llama.cpp server (supervisor, watchdog, probes,
+  kinds, swap, shim) and the client that talks to it (``client``, ``wire``);
+- ``bot.night``: the night as seen from the bot (the trainer's job, the
+  watch that follows it, releases: promote and rollback);
+- ``bot.discord_front``: the Discord front end (app, access rules, rendering,
+  slash commands made from ``bot.commands``).
+
+Import rules (``tests/test_layout.py`` checks them):
+
+- ``sandbox`` is a leaf; ``tools`` imports ``sandbox``; ``bot`` imports
+  ``tools`` and ``sandbox``;
+- ``bot`` never imports ``trainer``, torch or transformers: it starts
+  ``python -m trainer`` as a process and reads the job from the store;
+- ``trainer`` imports only ``bot.config``, ``bot.storage.store``,
+  ``bot.storage.embedder`` and ``bot.serving.wire``, all free of discord and
+  torch;
+- ``bot.storage``, ``bot.serving`` and ``bot.night`` never import the
+  runtime, the front ends or each other's callers; nothing imports inside a
+  function to dodge a cycle (imports inside functions are only for heavy or
+  optional dependencies that load when used).
+"""

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.config import Config
-from bot.llm import LLM, LLMError, Reply
-from bot.store import Step, Store, StoredStep
+from bot.serving.client import LLM, LLMError, Reply
+from bot.storage.store import Step, Store, StoredStep
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
@@ -58,6 +58,19 @@ class Tools(Protocol):
     def schemas(self) -> list[dict]: ...
 
     async def call(self, name: str, arguments: str | dict, ctx: Any) -> ToolResultLike: ...
+
+
+@dataclass
+class _Turn:
+    """The running counts of one turn."""
+
+    channel: str
+    episode: int
+    ctx: Any  # the channel's tool context
+    steps: int = 0
+    tool_rounds: int = 0
+    format_errors: int = 0  # malformed tool calls in a row
+    asked: bool = False  # the stray end-of-turn question was asked
 
 
 @dataclass
@@ -131,7 +144,7 @@ class Agent:
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
         await self.store.ensure_channel(channel, channel)
-        history = await self.store.channel_history(channel, self.config.agent.history_messages)
+        history = await self.store.channel_history(channel, self.config.agent.history_steps)
         episode = await self.store.start_episode(channel, self.config.model.alias)
         system = self.system_prompt(channel)
         # The tool schemas are stored with the prompt: the night renders what the model saw.
@@ -143,44 +156,74 @@ class Agent:
         return await self.run(channel, episode, messages)
 
     async def run(self, channel: str, episode: int, messages: list[dict]) -> TurnResult:
-        """Continue a turn from ``messages`` until an answer, a limit or an error."""
-        ctx = self.context_for(channel)
-        steps, format_errors, tool_rounds, asked = 0, 0, 0, False
+        """Continue a turn from ``messages`` until an answer, a limit or an error::
+
+            loop:
+                stop at the step limit                        (_count_step)
+                compact the context if it would overflow      (_fit)
+                ask the model, store its message              (_step)
+                tool calls?  run them, store the observations (_tool_round)
+                             and stop after too many malformed calls in a row
+                no calls?    ask whether it meant to stop     (_meant_to_continue)
+                             otherwise it is the answer       (_answer)
+
+        A ``TurnEnded`` (a limit, a server failure) ends the turn with its message;
+        anything else is a harness bug: the episode is marked errored and it is raised.
+        """
+        turn = _Turn(channel, episode, self.context_for(channel))
         try:
             while True:
-                if steps >= self.config.agent.max_steps:
-                    raise TurnEnded(f"(stopped after {steps} steps without a final answer; "
-                                    "ask me to continue if needed)")
-                steps += 1
+                self._count_step(turn)
                 messages = await self._fit(channel, episode, messages)
-                reply = await self._ask(messages)
-                stored = await self._store(episode, _assistant_step(reply))
-                messages.append(_assistant_message(reply))
-                if not reply.tool_calls:
-                    reason = None if asked or self.stray is None else self.stray.flag(
-                        strip_reasoning(reply.content), tool_rounds)
-                    if reason:
-                        asked = True
-                        if await self._meant_to_continue(channel, episode, messages, stored,
-                                                         reason):
-                            continue
-                    await self._end_of_turn(ctx)
-                    await self.store.end_episode(episode, "complete")
-                    return TurnResult(channel, strip_reasoning(reply.content).strip(), episode,
-                                      ok=True, steps=steps, files=_files(ctx))
-                tool_rounds += 1
-                bad = await self._run_tools(episode, messages, reply.tool_calls, ctx)
-                format_errors = format_errors + 1 if bad else 0
-                if format_errors >= self.config.agent.max_format_errors:
-                    raise TurnEnded(f"(I could not form a valid tool call {format_errors} "
-                                    "times in a row, so I stopped; please rephrase the request)")
+                reply, stored = await self._step(turn, messages)
+                if reply.tool_calls:
+                    await self._tool_round(turn, messages, reply.tool_calls)
+                elif not await self._stray(turn, messages, reply, stored):
+                    return await self._answer(turn, reply)
         except TurnEnded as end:
             await self.store.end_episode(episode, end.status)
-            return TurnResult(channel, end.message, episode, ok=False, steps=steps,
-                              files=_files(ctx))
+            return TurnResult(channel, end.message, episode, ok=False, steps=turn.steps,
+                              files=_files(turn.ctx))
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
+
+    def _count_step(self, turn: _Turn) -> None:
+        if turn.steps >= self.config.agent.max_steps:
+            raise TurnEnded(f"(stopped after {turn.steps} steps without a final answer; "
+                            "ask me to continue if needed)")
+        turn.steps += 1
+
+    async def _step(self, turn: _Turn, messages: list[dict]) -> tuple[Reply, StoredStep]:
+        reply = await self._ask(messages)
+        stored = await self._store(turn.episode, _assistant_step(reply))
+        messages.append(_assistant_message(reply))
+        return reply, stored
+
+    async def _tool_round(self, turn: _Turn, messages: list[dict], calls: list[dict]) -> None:
+        turn.tool_rounds += 1
+        bad = await self._run_tools(turn.episode, messages, calls, turn.ctx)
+        turn.format_errors = turn.format_errors + 1 if bad else 0
+        if turn.format_errors >= self.config.agent.max_format_errors:
+            raise TurnEnded(f"(I could not form a valid tool call {turn.format_errors} "
+                            "times in a row, so I stopped; please rephrase the request)")
+
+    async def _stray(self, turn: _Turn, messages: list[dict], reply: Reply,
+                     stored: StoredStep) -> bool:
+        """True when a flagged answer was not meant to end the turn (asked once a turn)."""
+        if turn.asked or self.stray is None:
+            return False
+        reason = self.stray.flag(strip_reasoning(reply.content), turn.tool_rounds)
+        if not reason:
+            return False
+        turn.asked = True
+        return await self._meant_to_continue(turn.channel, turn.episode, messages, stored, reason)
+
+    async def _answer(self, turn: _Turn, reply: Reply) -> TurnResult:
+        await self._end_of_turn(turn.ctx)
+        await self.store.end_episode(turn.episode, "complete")
+        return TurnResult(turn.channel, strip_reasoning(reply.content).strip(), turn.episode,
+                          ok=True, steps=turn.steps, files=_files(turn.ctx))
 
     async def _end_of_turn(self, ctx: Any) -> None:
         if self.config.agent.clear_scratch_after_turn and "clear_scratch" in self.tool_names():

@@ -4,38 +4,25 @@ from __future__ import annotations
 
 import sys
 
-from bot import admin
 from bot.channels import Busy
+from bot.commands import Caller, CommandError, parse_command, run_command
 from bot.config import Config
 from bot.console import ConsoleRenderer, run_console
+from bot.night.jobs import night_line
 from bot.runtime import Runtime
 from sandbox.process import unsandboxed_warning
 
 
 def console_commands(rt: Runtime) -> object:
-    """The console's slash commands; the local user is an admin."""
+    """The console's slash commands, from ``bot.commands``; the local user is an admin."""
 
     async def command(line: str, channel: str) -> str:
-        name, *args = line.split()
         try:
-            if name in ("/sleep", "!sleep"):
-                return await admin.sleep(rt, "console", channel)
-            if name == "/label" and len(args) == 2:
-                return await admin.label(rt, int(args[0]), args[1], "admin")
-            if name == "/sys" and args in (["show"], ["reset"]):
-                return await (admin.sys_show if args[0] == "show" else admin.sys_reset)(rt, channel)
-            if name in ("/promote", "/rollback") and len(args) <= 1:
-                action = admin.promote if name == "/promote" else admin.rollback
-                return await action(rt, int(args[0]) if args else None)
-            simple = {"/status": admin.status, "/wake": admin.wake,
-                      "/restart-server": admin.restart_server}
-            if name in simple and not args:
-                return await simple[name](rt)
-            if name == "/notes-clean" and not args:
-                return await admin.notes_clean(rt, channel)
-        except ValueError:
-            pass
-        return f"unknown or malformed command {line!r}; /help lists the commands"
+            name, options = parse_command(line)
+        except CommandError as exc:
+            return str(exc)
+        caller = Caller(0, (), channel, "console", local=True)
+        return (await run_command(rt, caller, name, **options)).text
 
     return command
 
@@ -51,21 +38,19 @@ async def run_bot(config: Config) -> int:
         renderer.info(f"model server ready at {rt.supervisor.base_url}")
         token = config.secret("discord.token_env")
         if token:
-            from bot.discord_app import run_discord
+            from bot.discord_front.app import run_discord
 
             renderer.info("joining Discord ...")
             await run_discord(rt, token)
         else:
             renderer.info(f"no Discord token in ${config.discord.token_env}: local console")
-            from bot.nightwatch import night_line
-
             async def night_progress(job: dict) -> None:
                 renderer.info(night_line(job))
 
             rt.night.listeners.append(night_progress)
 
             async def turn(channel: str, text: str):
-                if rt.night.asleep:
+                if rt.night.server_paused:
                     renderer.info("(asleep: training has the GPU; the message is queued)")
                 try:
                     return await rt.turn(channel, text, "console")

@@ -14,19 +14,17 @@ import sys
 from dataclasses import dataclass
 from typing import Awaitable, Callable, TextIO
 
+from bot.commands import help_lines
+
 _LINE = re.compile(r"^#([A-Za-z0-9_-]{1,64})\s+(.*)$", re.DOTALL)
-HELP = (
-    "#channel text          speak in a channel (the channel is created on first use)\n"
-    "text                   speak in the channel used last\n"
-    "!sleep, /sleep         request the night (training on the day)\n"
-    "/wake                  cancel a queued or running night\n"
-    "/status                model, server health, queues, night\n"
-    "/sys show|reset        the channel's agent-editable system section\n"
-    "/label EPISODE LABEL   label an episode accepted, rejected or verified\n"
-    "/promote [ID], /rollback [ID], /restart-server, /notes-clean\n"
-    "/help                  this help\n"
-    "/quit                  stop (EOF, Ctrl-D, does the same)"
-)
+HELP = "\n".join([
+    "#channel text          speak in a channel (the channel is created on first use)",
+    "text                   speak in the channel used last",
+    "!sleep                 the same as /sleep",
+    *help_lines(),
+    "/help                  this help",
+    "/quit                  stop (EOF, Ctrl-D, does the same)",
+])
 
 
 @dataclass

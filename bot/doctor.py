@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from bot.config import Config, masked_dump
+from bot.serving.client import LLM
+from bot.serving.supervisor import ServerSupervisor
+from sandbox.paths import Workspace
+from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
 
 MIN_FREE_GB = 5.0
 Check = Callable[[Config], Awaitable[tuple[bool, str]]]
@@ -35,9 +39,6 @@ async def check_model_files(config: Config) -> tuple[bool, str]:
 
 
 async def check_server(config: Config) -> tuple[bool, str]:
-    from bot.llm import LLM
-    from bot.server import ServerSupervisor
-
     # A free port, so the check never collides with a bot that is already running.
     port = None if config.server.kind == "external" else _free_port(config.server.host)
     supervisor = ServerSupervisor(config, port=port)
@@ -56,8 +57,6 @@ async def check_bubblewrap(config: Config) -> tuple[bool, str]:
     """Runs a real sandboxed program the way the tools do (unprivileged uid, no network)."""
     import tempfile
 
-    from sandbox.paths import Workspace
-    from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
 
     sandbox = Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +76,7 @@ async def check_embedder(config: Config) -> tuple[bool, str]:
     def run() -> tuple[bool, str]:
         import chromadb
 
-        from bot.embedder import MiniLMEmbedder
+        from bot.storage.embedder import MiniLMEmbedder
 
         client = chromadb.EphemeralClient()
         notes = client.get_or_create_collection("doctor-check", embedding_function=MiniLMEmbedder())

@@ -16,10 +16,11 @@ from typing import Any
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
 from bot.config import Config, ConfigError
-from bot.llm import LLM
-from bot.nightwatch import NightWatch
-from bot.server import ServerSupervisor
-from bot.store import Store
+from bot.serving.client import LLM
+from bot.night.releases import Releases
+from bot.night.watch import NightWatch
+from bot.serving.supervisor import ServerSupervisor
+from bot.storage.store import Store
 from sandbox.paths import workspace_for
 from tools import Registry, ToolContext, default_registry
 from sandbox.process import Sandbox
@@ -78,7 +79,7 @@ def _registry(config: Config) -> Registry:
 
 def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
     """What the tools may use beyond their workspace; loaded once, shared by channels."""
-    from bot.embedder import MiniLMEmbedder
+    from bot.storage.embedder import MiniLMEmbedder
     from tools.notes import NoteStore
 
     embedder = MiniLMEmbedder()
@@ -103,6 +104,7 @@ class Runtime:
     spaces: ChannelSpaces
     agent: Agent
     workers: ChannelWorkers
+    releases: Releases
     night: NightWatch
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
 
@@ -128,14 +130,15 @@ class Runtime:
                           stray=RuleStrayDetector())
             workers = ChannelWorkers(agent.turn, config.agent.queue_size)
             stack.push_async_callback(workers.close)
+            releases = Releases(config, store, supervisor)
+            night = NightWatch(config, store, supervisor, releases)
+            stack.push_async_callback(night.close)
         except BaseException:
             await stack.aclose()
             raise
-        rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, None, stack)
-        rt.night = NightWatch(rt)
-        stack.push_async_callback(rt.night.close)
-        rt.night.start()
-        return rt
+        night.start()
+        return cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
+                   night, stack)
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
         """Queue a message on its channel and wait for the reply (raises channels.Busy)."""

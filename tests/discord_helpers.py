@@ -31,7 +31,7 @@ from discord.ext.test import backend, factories
 from discord.webhook import async_ as webhook_async
 
 from bot.config import Config
-from bot.discord_app import NightshiftBot
+from bot.discord_front.app import NightshiftBot
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM
 

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Callable
 
-from bot.llm import Reply
+from bot.serving.client import Reply
 
 
 def say(text: str) -> Reply:

@@ -10,7 +10,7 @@ import pytest
 from bot.agent import SUMMARY_PREFIX, STRAY_QUESTION, Agent, history_messages
 from bot.channels import RuleStrayDetector
 from bot.config import Config
-from bot.store import Store
+from bot.storage.store import Store
 from tests.scripted import ScriptedLLM, call, say
 
 
@@ -141,7 +141,7 @@ async def test_compaction_summarises_older_messages_and_keeps_recent_ones(store,
         return say("x" * 400)
 
     agent, llm, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
-                               max_reply_tokens=64, history_messages=100)
+                               max_reply_tokens=64, history_steps=100)
     agent.config.model.context_tokens = 512
     for i in range(6):
         await agent.turn("general", f"message {i} " + "y" * 300)
@@ -189,7 +189,7 @@ def test_rule_stray_detector(reply, flagged):
 
 
 def test_history_drops_an_orphan_tool_observation():
-    from bot.store import StoredStep
+    from bot.storage.store import StoredStep
 
     def step(role, content):
         return StoredStep(role=role, content=content, id=1, episode_id=1, channel_id="c",

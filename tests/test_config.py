@@ -127,3 +127,14 @@ def test_cli_exits_nonzero_on_bad_config_before_starting_anything(tmp_path):
     assert done.returncode == 2
     assert "watchdog.interval_s" in done.stderr and "Fix:" in done.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_a_renamed_key_keeps_working_under_its_old_name_with_a_warning(tmp_path, caplog):
+    config = load_config(write(tmp_path, "[agent]\nhistory_messages = 7\n"))
+    assert config.agent.history_steps == 7
+    assert "history_messages is deprecated; rename it to history_steps" in caplog.text
+
+
+def test_a_renamed_key_given_under_both_names_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="keep only history_steps"):
+        load_config(write(tmp_path, "[agent]\nhistory_messages = 7\nhistory_steps = 8\n"))

@@ -13,9 +13,9 @@ import discord
 import discord.ext.test as dpytest
 from discord.ext.test import backend, callbacks
 
-from bot.discord_access import Origin, is_allowed, needs_mention
-from bot.discord_app import TURN_FAILED, NightshiftBot
-from bot.discord_render import human_size, safe_name, save_attachments, split_reply
+from bot.discord_front.access import Origin, is_allowed, needs_mention
+from bot.discord_front.app import TURN_FAILED, NightshiftBot
+from bot.discord_front.render import human_size, safe_name, save_attachments, split_reply
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - the fixture
     labels,

@@ -12,8 +12,8 @@ import discord.ext.test as dpytest
 import pytest
 from discord.ext.test import backend
 
-from bot.discord_access import Caller
-from bot.discord_admin import ACTIONS, REFUSAL, run_admin
+from bot.commands import Caller
+from bot.commands import COMMANDS as ACTIONS, REFUSAL, run_command as run_admin
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - a fixture
     labels,

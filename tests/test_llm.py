@@ -1,4 +1,4 @@
-"""bot.llm against a scripted OpenAI-compatible server (aiohttp, in the test's loop)."""
+"""bot.serving.client against a scripted OpenAI-compatible server (aiohttp, in the test's loop)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from bot.config import Config
-from bot.llm import LLM, LLMError, Reply
+from bot.serving.client import LLM, LLMError, Reply
 
 
 def completion(content: str | None = "hi", tool_calls: list | None = None) -> dict:

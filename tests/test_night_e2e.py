@@ -13,7 +13,7 @@ import pytest
 
 from bot import admin
 from bot.config import load_config
-from bot.llm import LLM
+from bot.serving.client import LLM
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from bot.config import Config
-from bot.embedder import MiniLMEmbedder
-from bot.store import Step, Store
+from bot.storage.embedder import MiniLMEmbedder
+from bot.storage.store import Step, Store
 from tests.judge_server import JudgeServer
 from trainer.client import JsonClient, ModelUnavailable
 from trainer.collect import split_of

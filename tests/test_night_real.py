@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from bot.config import Config
-from bot.embedder import MiniLMEmbedder
-from bot.server import ServerSupervisor
-from bot.store import Step, Store
+from bot.storage.embedder import MiniLMEmbedder
+from bot.serving.supervisor import ServerSupervisor
+from bot.storage.store import Step, Store
 from trainer.client import JsonClient
 from trainer.night import run_part1
 from trainer.value import ValueMemory

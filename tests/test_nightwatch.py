@@ -101,10 +101,10 @@ async def test_single_gpu_stops_serving_while_training_and_restarts_after(tmp_pa
         job = await rt.store.create_job("sleep", {})
         await rt.store.update_job(job, state="training", pid=sleeper.pid)
         await rt.night.poll()
-        assert rt.supervisor.stops == 1 and rt.night.asleep
+        assert rt.supervisor.stops == 1 and rt.night.server_paused
         await rt.store.update_job(job, state="exporting")
         await rt.night.poll()
-        assert rt.supervisor.starts == 1 and not rt.night.asleep
+        assert rt.supervisor.starts == 1 and not rt.night.server_paused
         sleeper.kill()
         sleeper.wait()
     finally:

@@ -1,6 +1,6 @@
-"""bot.server: command lines per kind, start/stop, the canary watchdog, start failures.
+"""bot.serving.supervisor: command lines per kind, start/stop, the canary watchdog, start failures.
 
-The ``slow`` tests run the real llama_cpp.server (through ``bot.llama_shim``)
+The ``slow`` tests run the real llama_cpp.server (through ``bot.serving.shim``)
 with the tiny embedded model.
 """
 
@@ -19,14 +19,14 @@ import pytest
 from aiohttp import web
 
 from bot.config import Config
-from bot.llm import LLM
-from bot.server import (
+from bot.serving.client import LLM
+from bot.serving.supervisor import (
     ServerNotReady,
     ServerStartError,
     ServerSupervisor,
-    _is_busy,
     server_kind,
 )
+from bot.serving.watchdog import _is_busy
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 
@@ -56,7 +56,7 @@ def test_llama_cpp_python_command_serves_the_gguf_with_the_configured_settings(t
         model={"alias": "nick", "context_tokens": 2048, "chat_format": "chatml"},
     )  # fmt: skip
     argv = server_kind("llama-cpp-python").command(config, Path("/m.gguf"), "127.0.0.1", 9001)
-    assert argv[:3] == [sys.executable, "-m", "bot.llama_shim"]  # llama_cpp.server, unescaped
+    assert argv[:3] == [sys.executable, "-m", "bot.serving.shim"]  # llama_cpp.server, unescaped
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags == {
         "--model": "/m.gguf",

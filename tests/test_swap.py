@@ -1,4 +1,4 @@
-"""Model swap with no lost request (bot.swap), and the LLM's in-flight count it drains on.
+"""Model swap with no lost request (bot.serving.swap), and the LLM's in-flight count it drains on.
 
 The fast tests use an OpenAI-compatible stub whose answers wait for a gate. The
 ``slow`` tests swap the real llama_cpp.server (tiny model, and a copy of it as
@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from bot.config import Config
-from bot.llm import LLM, LLMError
-from bot.server import ServerStartError, ServerSupervisor
+from bot.serving.client import LLM, LLMError
+from bot.serving.supervisor import ServerStartError, ServerSupervisor
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 ANSWER = {
@@ -193,7 +193,7 @@ async def test_the_drain_waits_for_requests_in_flight_then_returns(tmp_path, gat
     async with LLM(supervisor.config, supervisor) as llm:
         pending = asyncio.create_task(llm.chat(CHAT))
         await until(lambda: server.received == 1)
-        drain = asyncio.create_task(supervisor._drain(server.url))
+        drain = asyncio.create_task(supervisor.drain(server.url))
         await asyncio.sleep(0.3)
         assert not drain.done()
         server.gate.set()
@@ -209,7 +209,7 @@ async def test_the_drain_gives_up_after_the_request_timeout(tmp_path, gated, cap
         pending = asyncio.create_task(llm.chat(CHAT))
         await until(lambda: server.received == 1)
         started = time.monotonic()
-        await asyncio.wait_for(supervisor._drain(server.url), 3)
+        await asyncio.wait_for(supervisor.drain(server.url), 3)
         assert 0.4 < time.monotonic() - started < 2
         assert "still in flight" in caplog.text
         await finish(pending)

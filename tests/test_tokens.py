@@ -12,8 +12,8 @@ import jinja2.sandbox
 import pytest
 from llama_cpp import llama_chat_format
 
-from bot.llama_shim import plain_templates
-from bot.wire import FUNCTION_CALLING, server_messages
+from bot.serving.shim import plain_templates
+from bot.serving.wire import FUNCTION_CALLING, server_messages
 from trainer.tokens import (
     ACTION,
     GENERATION_PROMPT,
@@ -77,7 +77,7 @@ class _PromptCatcher:
 
 
 def _served_prompt(messages: list[dict], tools: list[dict] | None, tool_choice: str) -> str:
-    plain_templates()  # as the server runs it, through bot.llama_shim
+    plain_templates()  # as the server runs it, through bot.serving.shim
     with pytest.raises(_Captured) as caught:
         llama_chat_format.chatml_function_calling(
             llama=_PromptCatcher(), messages=server_messages(messages, FUNCTION_CALLING),
@@ -303,7 +303,7 @@ def test_token_count_equals_llama_cpp_prompt_tokens_without_tools(llama, tokeniz
 
 @pytest.mark.slow
 def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free_port, tokenizer, tmp_path):
-    """The real server through bot.llama_shim reads the unescaped prompt we render.
+    """The real server through bot.serving.shim reads the unescaped prompt we render.
 
     Under ``auto`` the reply's usage sums the handler's follow-up completions:
     the prompt plus ``message:\\n``, or, per call, the prompt plus the calls
@@ -313,7 +313,7 @@ def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free
             "function": {"name": "read_file", "arguments": '{"path": "x<y \\"q\\".txt"}'}}
     messages = [*EPISODE[:2], {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "x < y && z"}]
-    argv = [sys.executable, "-m", "bot.llama_shim", "--model", str(served_gguf), "--port", str(free_port),
+    argv = [sys.executable, "-m", "bot.serving.shim", "--model", str(served_gguf), "--port", str(free_port),
             "--chat_format", FUNCTION_CALLING, "--n_ctx", "2048"]
     base = f"http://127.0.0.1:{free_port}/v1"
     with open(tmp_path / "server.log", "wb") as log:

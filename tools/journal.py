@@ -100,7 +100,10 @@ class Journal:
         """``with journal.change("write_file a.txt") as tx: tx.write(path, data)``."""
         return Transaction(self, label)
 
-    def _commit(self, label: str, changes: list[Change]) -> None:
+    def record(self, label: str, changes: list[Change]) -> None:
+        """Append one entry made elsewhere from before/after snapshots (a program's run,
+        a git checkout). The states' file contents must already be saved with
+        ``save_blob``. Entries that were undone are dropped: a new change ends redo."""
         head = self._read_head()
         entry = Entry(head["next_id"], label, time.time(), tuple(changes))
         atomic_write(self._entry_path(entry.id), _dump_entry(entry))
@@ -263,13 +266,17 @@ class Journal:
                         f"this change would have the journal save more than "
                         f"{self.max_snapshot_bytes // 2**20} MiB (at {_name(k)}), too much to undo; "
                         f"work on smaller parts (e.g. delete subfolders one by one)")
-                state = State("file", self._save_blob(fs.read(k[1])))
+                state = State("file", self.save_blob(fs.read(k[1])))
             else:
                 raise ValueError(f"{_name(k)} is not a regular file, folder or link; "
                                  f"the journal cannot record it")
             into.setdefault(k, state)
 
-    def _save_blob(self, data: bytes) -> str:
+    def has_blob(self, digest: str) -> bool:
+        return self._blob_path(digest).is_file()
+
+    def save_blob(self, data: bytes) -> str:
+        """Store ``data`` once by its SHA-256 (the reference a file state holds)."""
         digest = hashlib.sha256(data).hexdigest()
         path = self._blob_path(digest)
         if not path.exists():
@@ -364,7 +371,7 @@ class Transaction:
         changes = [Change(k, self._before.get(k, ABSENT), after.get(k, ABSENT)) for k in keys]
         changes = [c for c in changes if c.before != c.after]
         if changes:
-            self.journal._commit(self.label, changes)
+            self.journal.record(self.label, changes)
 
 
 def _ancestors(rel: str) -> list[str]:

@@ -31,8 +31,8 @@ Bounds and blind spots, said plainly:
 - Change detection trusts the (inode, size, mtime, ctime) signature; ctime
   cannot be set by a program, so a changed file is always seen.
 
-This module builds the journal entry from ``Change`` records and commits it
-with ``Journal._commit``, the one place outside tools.journal that does so.
+This module builds the journal entry from ``Change`` records and appends it
+with ``Journal.record``.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class ProgramChanges:
         changes = [c for c in changes if c.before != c.after]
         if not changes:
             return ""
-        self.journal._commit(self.label, changes)
+        self.journal.record(self.label, changes)
         return _describe(changes)
 
     def _states(self, found: Found) -> dict[str, State]:
@@ -196,10 +196,10 @@ class ProgramChanges:
     def _blob_for(self, rel: str, sig: Sig) -> str | None:
         """The SHA-256 of a file whose content the blob store holds; None if it vanished."""
         known = self._index.get(rel)
-        if known and tuple(known[:4]) == sig and self.journal._blob_path(known[4]).is_file():
+        if known and tuple(known[:4]) == sig and self.journal.has_blob(known[4]):
             return known[4]
         try:
-            digest = self.journal._save_blob(self.fs.read(rel))
+            digest = self.journal.save_blob(self.fs.read(rel))
         except (FileNotFoundError, NotADirectoryError, PathEscape):
             return None  # removed or swapped for a link while we looked: not a file any more
         self._index[rel] = [*sig, digest]

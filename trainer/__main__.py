@@ -30,7 +30,7 @@ def _setup(config, args) -> int:
 
 
 def _sleep(config, args) -> int:
-    from bot.store import Store
+    from bot.storage.store import Store
     from trainer.sleep import run_night
 
     job_id = asyncio.run(run_night(config, args.job, _since(args.since)))

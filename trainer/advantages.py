@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from bot.config import NightConfig
-from bot.store import Episode
+from bot.storage.store import Episode
 from trainer.judge import Message, SubTask
 
 

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.store import Episode, Store
+from bot.storage.store import Episode, Store
 from trainer.secrets import SecretScanner
 
 EXCLUDED_STATUS = {"open": "incomplete", "aborted": "aborted", "errored": "errored"}

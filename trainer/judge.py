@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from bot.config import NightConfig
-from bot.store import Episode
+from bot.storage.store import Episode
 from trainer.client import JsonClient
 
 JUDGE_SYSTEM = (

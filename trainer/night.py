@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from bot.config import Config
-from bot.store import Store
+from bot.storage.store import Store
 from trainer.advantages import episode_row, message_advantages, value_row
 from trainer.client import JsonClient
 from trainer.collect import collect, write_manifest

@@ -26,8 +26,8 @@ import traceback
 from pathlib import Path
 
 from bot.config import Config
-from bot.embedder import MiniLMEmbedder
-from bot.store import Store
+from bot.storage.embedder import MiniLMEmbedder
+from bot.storage.store import Store
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release

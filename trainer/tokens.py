@@ -10,8 +10,8 @@ sequences. Each token has a kind and the index of the row message it came from:
   (role headers, ``Result of NAME:`` prefixes, newlines the harness inserted).
 
 The server is ``llama_cpp.server --chat_format chatml-function-calling``
-(llama-cpp-python 0.3.36) started through ``bot.llama_shim``, which turns off
-the template's HTML autoescape, fed with ``bot.wire.server_messages``. Its
+(llama-cpp-python 0.3.36) started through ``bot.serving.shim``, which turns off
+the template's HTML autoescape, fed with ``bot.serving.wire.server_messages``. Its
 template (``llama_chat_format.chatml_function_calling``) is replicated here
 character for character, checked by the tests against the library itself (with
 the shim's patch applied):
@@ -27,7 +27,7 @@ the shim's patch applied):
   adding no BOS for SmolLM2 (``tokenizer.ggml.add_bos_token`` is false); the
   HF tokenizer with ``add_special_tokens=False`` gives the same ids.
 
-Two views, because the bot generates under two renderings (``bot.llm``): a
+Two views, because the bot generates under two renderings (``bot.serving.client``): a
 tool call under ``auto`` (the tool list in the prompt), a text answer under the
 ``none`` retry or a request without tools (plain ChatML). Each rendering is
 prefix-preserving, so one sequence per rendering gives every action its exact
@@ -75,7 +75,7 @@ from typing import Any
 
 from jinja2.utils import htmlsafe_json_dumps
 
-from bot.wire import FUNCTION_CALLING, TOOL_RESULT_PREFIX, server_messages
+from bot.serving.wire import FUNCTION_CALLING, TOOL_RESULT_PREFIX, server_messages
 
 IGNORE, ACTION, OBSERVATION = 0, 1, 2
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -197,7 +197,7 @@ def render_prompt(messages: list[dict], tools: list[dict] | None,
     """The exact prompt text the server builds for a request with these messages.
 
     ``messages`` are in the store's OpenAI shape (``tool`` roles and all);
-    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``bot.llm`` sends them.
+    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``bot.serving.client`` sends them.
     """
     if tool_choice not in ("auto", "none"):
         raise ValueError(f"tool_choice must be 'auto' or 'none', not {tool_choice!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from bot.schema import dumps, record
+from bot.storage.schema import dumps, record
 
 
 class NightLedger:

@@ -29,9 +29,9 @@ from typing import Any
 
 import aiosqlite
 
-from bot.ledger import NightLedger
+from bot.storage.ledger import NightLedger
 
-from bot.schema import (
+from bot.storage.schema import (
     EPISODE_STATUSES,
     JOB_STATES,
     LABELS,

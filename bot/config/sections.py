@@ -8,13 +8,14 @@ into ``Config`` and loads the file.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -26,6 +27,26 @@ class ConfigError(Exception):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Keys renamed since a release: old name -> new name. The old name keeps working,
+    # with a warning that names the fix, so an existing config.toml still starts.
+    _renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: object) -> object:
+        if not isinstance(data, dict) or not cls._renamed:
+            return data
+        data = dict(data)
+        for old, new in cls._renamed.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"{old} and {new} are the same setting ({old} is its old "
+                                 f"name); keep only {new}")
+            logging.getLogger("nightshift.config").warning(
+                "config key %s is deprecated; rename it to %s", old, new)
+            data[new] = data.pop(old)
+        return data
 
 
 def _empty_is_none(value: object) -> object:
@@ -164,14 +185,18 @@ class DiscordConfig(_Section):
 
 
 class AgentConfig(_Section):
+    _renamed: ClassVar[dict[str, str]] = {"history_messages": "history_steps"}
+
     system_prompt: str = Field(
         "You are Nightshift, a helpful assistant working in a Discord channel. "
         "Answer concisely.",
         min_length=1,
         description="a non-empty base system prompt",
     )
-    history_messages: int = Field(
-        20, ge=0, description="how many earlier messages of the channel to include (>= 0)"
+    history_steps: int = Field(
+        20, ge=0,
+        description="how many earlier steps of the channel (messages, tool calls and tool "
+                    "results) to include (>= 0)",
     )
     max_reply_tokens: int = Field(512, ge=1, description="a positive token count")
     tools: list[str] = Field(

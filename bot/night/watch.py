@@ -1,8 +1,6 @@
-"""The bot's side of the night: start the trainer, watch its job, promote.
+"""The bot's side of the night: watch the job, promote, pause the server.
 
-The bot never imports the trainer. ``start`` launches ``python -m trainer
-sleep --job N`` as a separate process (its own session and log file), so a
-crashed trainer can never take the bot down. ``NightWatch`` then polls the job
+``NightWatch`` launches the trainer (``bot.night.jobs``) and polls the job
 row in the store:
 
 - a job whose trainer process died without finishing is marked failed
@@ -12,76 +10,39 @@ row in the store:
 - with ``night.single_gpu``, the model server is stopped while the job trains
   and started again afterwards; chat messages wait in their queues meanwhile;
 - every change of state or progress is passed to the front ends' listeners.
+
+It takes the services it acts on (config, store, supervisor, releases), not
+the runtime, so nothing here imports the runtime or the admin commands.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import subprocess
-import sys
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from bot.night.jobs import ACTIVE, pid_alive, reap, start_trainer, stop_trainer
+
 if TYPE_CHECKING:
-    from bot.runtime import Runtime
+    from bot.config import Config
+    from bot.night.releases import Releases
+    from bot.serving.supervisor import ServerSupervisor
+    from bot.storage.store import Store
 
 logger = logging.getLogger("nightshift.night")
-ACTIVE = ("queued", "running", "judging", "training", "exporting", "gating")
 Listener = Callable[[dict], Awaitable[None]]
-
-
-def start_trainer(rt: Runtime, job_id: int) -> subprocess.Popen:
-    """Launch the night process for a job; its output goes to data/logs/night-N.log."""
-    logs = rt.config.data_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "trainer"]
-    if rt.config.source is not None:
-        argv += ["--config", str(rt.config.source)]
-    argv += ["sleep", "--job", str(job_id)]
-    with open(logs / f"night-{job_id}.log", "ab") as log:
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _reap(child: subprocess.Popen) -> None:
-    try:
-        child.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-
-
-def stop_trainer(pid: int | None) -> None:
-    if pid_alive(pid):
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class NightWatch:
     """A background task owned by the runtime; cancelled on close."""
 
-    def __init__(self, rt: Runtime, interval_s: float = 2.0) -> None:
-        self.rt = rt
+    def __init__(self, config: Config, store: Store, supervisor: ServerSupervisor,
+                 releases: Releases, interval_s: float = 2.0) -> None:
+        self.config = config
+        self.store = store
+        self.supervisor = supervisor
+        self.releases = releases
         self.interval_s = interval_s
         self.listeners: list[Listener] = []
         self.children: dict[int, subprocess.Popen] = {}
@@ -90,7 +51,7 @@ class NightWatch:
         self._task: asyncio.Task | None = None
 
     @property
-    def asleep(self) -> bool:
+    def server_paused(self) -> bool:
         """True while the server is stopped for a single-GPU night."""
         return self._paused_for is not None
 
@@ -108,18 +69,18 @@ class NightWatch:
         for child in self.children.values():
             stop_trainer(child.pid)
         for child in self.children.values():
-            await asyncio.to_thread(_reap, child)
+            await asyncio.to_thread(reap, child)
         self.children.clear()
 
     async def launch(self, job_id: int) -> None:
-        child = start_trainer(self.rt, job_id)
+        child = start_trainer(self.config, job_id)
         self.children[job_id] = child
         # The job names its process at once, so the watch never judges it by a stale pid.
-        await self.rt.store.update_job(job_id, pid=child.pid)
+        await self.store.update_job(job_id, pid=child.pid)
 
     async def resume(self, job_id: int) -> None:
         """Start a failed or cancelled night again where it stopped."""
-        await self.rt.store.update_job(job_id, state="queued", error="")
+        await self.store.update_job(job_id, state="queued", error="")
         await self.launch(job_id)
 
     async def _loop(self) -> None:
@@ -133,37 +94,35 @@ class NightWatch:
             await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
-        for job in await self.rt.store.jobs("sleep"):
+        for job in await self.store.jobs("sleep"):
             child = self.children.get(job["id"])
             if child is not None and child.poll() is not None:
                 self.children.pop(job["id"])  # reaped
             if job["state"] in ACTIVE and job["pid"] and not pid_alive(job["pid"]):
-                await self.rt.store.update_job(job["id"], state="failed", error=(
+                await self.store.update_job(job["id"], state="failed", error=(
                     "the trainer process died; resume with: python -m trainer sleep --job "
                     f"{job['id']}"))
-                job = await self.rt.store.job(job["id"])
+                job = await self.store.job(job["id"])
             await self._single_gpu(job)
-            if job["state"] == "awaiting_promotion" and self.rt.config.night.auto_promote:
+            if job["state"] == "awaiting_promotion" and self.config.night.auto_promote:
                 await self._promote(job)
             await self._notify(job)
 
     async def _promote(self, job: dict) -> None:
-        from bot import admin
-
-        text = await admin.promote(self.rt, job["progress"].get("release_id"))
+        text = await self.releases.promote(job["progress"].get("release_id"))
         state = "live" if text.startswith("Now serving") else "awaiting_promotion"
-        await self.rt.store.update_job(job["id"], state=state,
+        await self.store.update_job(job["id"], state=state,
                                        progress={**job["progress"], "promotion": text})
 
     async def _single_gpu(self, job: dict) -> None:
-        if not self.rt.config.night.single_gpu:
+        if not self.config.night.single_gpu:
             return
         if job["state"] == "training" and self._paused_for is None:
             self._paused_for = job["id"]
-            await self.rt.supervisor.stop()
+            await self.supervisor.stop()
         elif self._paused_for == job["id"] and job["state"] != "training":
             self._paused_for = None
-            await self.rt.supervisor.start()
+            await self.supervisor.start()
 
     async def _notify(self, job: dict) -> None:
         key = (job["state"], job["updated_at"])
@@ -180,20 +139,3 @@ class NightWatch:
                 raise
             except Exception:
                 logger.exception("night progress listener failed")
-
-
-def night_line(job: dict) -> str:
-    """One line of a night's progress, for Discord and the console alike."""
-    progress = job.get("progress") or {}
-    parts = [f"Night #{job['id']}: {job['state']}"]
-    if step := progress.get("train_step"):
-        parts.append(f"step {step.get('step')}/{step.get('steps')}, OAPL {step.get('oapl', 0):.4f}")
-    if counts := progress.get("counts"):
-        parts.append(f"{counts.get('windows_judged', 0)} windows judged, "
-                     f"{counts.get('subtasks', 0)} sub-tasks")
-    if gate := progress.get("gate"):
-        parts.append("gate passed" if gate.get("passed") else
-                     "gate not passed: " + "; ".join(gate.get("reasons", [])))
-    if job.get("error"):
-        parts.append(job["error"].splitlines()[0][:300])
-    return " · ".join(parts)

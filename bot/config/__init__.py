@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
-from bot.config_sections import (  # noqa: F401 - re-exported: callers import them from here
+from bot.config.sections import (  # noqa: F401 - re-exported: callers import them from here
     EMBEDDED_MODEL,
     AgentConfig,
     ConfigError,

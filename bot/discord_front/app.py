@@ -3,7 +3,7 @@
 Each Discord channel is one agent channel (key: the channel id; a DM:
 ``dm-<user id>``), served by the Runtime's channel workers, so channels run
 concurrently and each one's turns run in order. The bot answers where the
-access policy (``bot.discord_access``) allows, shows typing while a turn
+access policy (``bot.discord_front.access``) allows, shows typing while a turn
 runs, saves the user's attachments into the channel's workspace and uploads
 the files the agent sent. A full queue answers with the Busy message, and a
 failed turn with a short apology; neither ends the handler.
@@ -27,7 +27,7 @@ import discord
 from discord.ext import commands
 
 from bot.channels import Busy
-from bot.discord_access import (
+from bot.discord_front.access import (
     Origin,
     channel_ids,
     channel_key,
@@ -36,9 +36,9 @@ from bot.discord_access import (
     origin_of,
     strip_mentions,
 )
-from bot.discord_admin import add_admin_commands
-from bot.nightwatch import night_line
-from bot.discord_render import (
+from bot.discord_front.slash import add_admin_commands
+from bot.night.jobs import night_line
+from bot.discord_front.render import (
     outgoing_files,
     save_attachments,
     send_reply,
@@ -49,7 +49,7 @@ from bot.discord_render import (
 if TYPE_CHECKING:
     from bot.agent import TurnResult
     from bot.runtime import Runtime
-    from bot.store import Store
+    from bot.storage.store import Store
 
 __all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 
@@ -169,7 +169,7 @@ class NightshiftBot(commands.Bot):
 
     async def _answer(self, message: discord.Message, text: str) -> None:
         key = channel_key(message.channel, message.author.id)
-        if self.rt.night.asleep:
+        if self.rt.night.server_paused:
             await send_reply(message, ASLEEP)
         async with message.channel.typing():
             outcome = await self._turn(key, message, text)

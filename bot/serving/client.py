@@ -15,7 +15,7 @@ blue/green swap to another port needs no new LLM.
 
 For the swap's drain, the LLM counts its requests in flight per base URL and
 registers with the supervisor, which asks before it stops a server
-(``bot.swap``). The count goes up in the same synchronous step that reads the
+(``bot.serving.swap``). The count goes up in the same synchronous step that reads the
 URL, and down when the request ends, however it ends.
 """
 
@@ -34,7 +34,7 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from bot.config import Config
-from bot.wire import needs_tool_choice, server_messages
+from bot.serving.wire import needs_tool_choice, server_messages
 
 logger = logging.getLogger("nightshift.llm")
 
@@ -181,7 +181,7 @@ class LLM:
         if (tools and params.get("tool_choice") == "auto" and needs_tool_choice(chat_format)
                 and not reply.tool_calls and not reply.content.strip()):
             # The model chose to answer in words, which this format returns empty (see
-            # bot.wire); ask again for the words, with the same conversation.
+            # bot.serving.wire); ask again for the words, with the same conversation.
             answer = await self._complete({**params, "tool_choice": "none"})
             answer.duration_ms += reply.duration_ms
             answer.prompt_tokens += reply.prompt_tokens

@@ -1,6 +1,6 @@
 """Server kinds: how each kind of model server is started, or only probed.
 
-``llama-cpp-python`` runs ``python -m bot.llama_shim`` (``python -m
+``llama-cpp-python`` runs ``python -m bot.serving.shim`` (``python -m
 llama_cpp.server`` with its chat templates rendered without HTML escaping; see
 that module), ``llama-server`` runs llama.cpp's binary with ``--jinja``, and
 ``external`` is started by the user: we only probe it and never signal it.
@@ -55,7 +55,7 @@ class LlamaCppPython:
     def command(self, config: Config, gguf: Path, host: str, port: int,
                 lora: Path | None = None) -> list[str]:
         argv = [
-            sys.executable, "-m", "bot.llama_shim",  # llama_cpp.server, templates unescaped
+            sys.executable, "-m", "bot.serving.shim",  # llama_cpp.server, templates unescaped
             "--model", str(gguf),
             "--host", host,
             "--port", str(port),

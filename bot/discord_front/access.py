@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bot import admin
+from bot.commands import Caller, is_admin
 from bot.config import Config
 
 
@@ -29,16 +29,6 @@ class Origin:
     role_ids: frozenset[int]
     channel_ids: frozenset[int]  # the channel, its parent and its category
     is_dm: bool
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who runs a command, and in which agent channel (its key)."""
-
-    user_id: int
-    role_ids: tuple[int, ...]
-    channel: str
-    name: str
 
 
 def channel_key(channel: Any, user_id: int) -> str:
@@ -79,7 +69,7 @@ def is_allowed(config: Config, origin: Origin) -> bool:
         return False
     if origin.channel_ids & set(d.blocked_channel_ids):
         return False
-    if admin.is_admin(config, origin.user_id, origin.role_ids):
+    if is_admin(config, origin.user_id, origin.role_ids):
         return True
     if origin.is_dm:
         user_ok = not d.allowed_user_ids or origin.user_id in d.allowed_user_ids

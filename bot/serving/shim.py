@@ -22,7 +22,7 @@ Jinja's ``tojson`` filter (the handler's tool list) still escapes ``<>&'`` as
 and is left alone.
 
 Run it with exactly the arguments of ``python -m llama_cpp.server``:
-``python -m bot.llama_shim --model m.gguf --chat_format chatml-function-calling``.
+``python -m bot.serving.shim --model m.gguf --chat_format chatml-function-calling``.
 """
 
 from __future__ import annotations

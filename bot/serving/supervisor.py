@@ -6,17 +6,13 @@ whole process group), sends its output to a log file under
 *and* a one-token chat completion (the canary) succeeds: llama.cpp can answer
 its health routes while generation is wedged, so only a real completion counts.
 
-The watchdog repeats the canary every ``watchdog.interval_s``. After
-``failures_before_restart`` consecutive failures it kills the process group
-and starts a fresh server, at most once per ``restart_cooldown_s``. While it
-restarts, the ready event is cleared so that ``bot.llm`` waits instead of
-failing. A canary that times out while the server is burning CPU is counted as
-"busy" (a long generation holds llama.cpp's single slot) rather than as a
-failure, but only for up to ``server.request_timeout_s``: no legitimate request
-runs longer than that, so a server spinning for longer is restarted too.
+The watchdog (``bot.serving.watchdog``) repeats the canary and restarts a
+server that stopped answering. While it restarts, the ready event is cleared
+so that ``bot.serving.client`` waits instead of failing. The swap
+(``bot.serving.swap``) uses only the public swap interface below.
 
 Server kinds sit behind the small ``ServerKind`` protocol: ``llama-cpp-python``
-(``python -m llama_cpp.server`` through ``bot.llama_shim``, which turns off
+(``python -m llama_cpp.server`` through ``bot.serving.shim``, which turns off
 the chat template's HTML escaping), ``llama-server`` (llama.cpp's binary) and
 ``external`` (started by the user; we only probe it and never signal it).
 """
@@ -24,36 +20,38 @@ the chat template's HTML escaping), ``llama-server`` (llama.cpp's binary) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 import weakref
+from collections.abc import AsyncIterator
 from pathlib import Path
-
-import httpx
+from typing import Protocol
 
 from bot.config import Config
-
-logger = logging.getLogger("nightshift.server")
-
-_POLL_S = 0.2  # how often start() probes and stop() checks for exit
-_MODELS_TIMEOUT_S = 2.0
-_LOG_TAIL_LINES = 25
-_LOG_ROTATE_BYTES = 10 * 1024 * 1024
-_BUSY_CPU_S = 0.05  # CPU seconds over a canary window that mean "working, not wedged"
-
-
-from bot.server_kinds import (  # noqa: E402 - re-exported for callers of bot.server
+from bot.serving import swap as swapping
+from bot.serving.kinds import (
     SERVER_KINDS,
     ServerKind,
     ServerNotReady,
     ServerStartError,
     server_kind,
 )
-from bot.swap import SWAP_MODES, Swapping  # noqa: E402
+from bot.serving.probe import log_tail, probe
+from bot.serving.swap import SWAP_MODES
+from bot.serving.watchdog import Watchdog
 
+logger = logging.getLogger("nightshift.server")
+
+_POLL_S = 0.2  # how often start() probes and stop() checks for exit
+_LOG_ROTATE_BYTES = 10 * 1024 * 1024
+_DRAIN_POLL_S = 0.05
+
+# Re-exported for callers of bot.serving.supervisor.
 __all__ = ["SERVER_KINDS", "SWAP_MODES", "ServerKind", "ServerNotReady", "ServerStartError",
            "ServerSupervisor", "server_kind"]
 
@@ -61,10 +59,18 @@ __all__ = ["SERVER_KINDS", "SWAP_MODES", "ServerKind", "ServerNotReady", "Server
 # ---------------------------------------------------------------- supervisor
 
 
-class ServerSupervisor(Swapping):
+class Client(Protocol):
+    """What a supervisor asks the clients registered with it (``bot.serving.client.LLM``)."""
+
+    def in_flight(self, url: str) -> int:
+        """How many requests to ``url`` are sent and not yet answered."""
+
+
+class ServerSupervisor:
     """Owns one server process (or, for ``external``, one endpoint) and its watchdog.
 
-    ``swap`` (from ``bot.swap``) replaces the served GGUF without losing a request."""
+    ``swap`` (the strategies live in ``bot.serving.swap``) replaces the served GGUF
+    without losing a request, through the public swap interface below."""
 
     def __init__(
         self,
@@ -102,7 +108,7 @@ class ServerSupervisor(Swapping):
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._exit_status() is None else None
+        return self._proc.pid if self._proc is not None and self.exit_status() is None else None
 
     @property
     def ready(self) -> bool:
@@ -143,14 +149,106 @@ class ServerSupervisor(Swapping):
 
     close = stop
 
-    async def restart(self, reason: str, *, hard: bool = False) -> None:
-        """Stop and start again; ``hard`` skips SIGTERM (a wedged server ignores it)."""
+    async def restart(self, reason: str, *, hard: bool = False,
+                      generation: int | None = None) -> None:
+        """Stop and start again; ``hard`` skips SIGTERM (a wedged server ignores it).
+
+        With ``generation``, only if the same process still serves (the watchdog's
+        verdict was about it, not about a server a swap brought in meanwhile)."""
         async with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             await self._restart_locked(reason, hard=hard)
 
     def start_watchdog(self) -> None:
         if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.create_task(self._watch(), name=f"watchdog:{self.port}")
+            self._watchdog = asyncio.create_task(Watchdog(self).run(),
+                                                 name=f"watchdog:{self.port}")
+
+    @property
+    def changing(self) -> bool:
+        """True while a start, stop, restart or swap holds the lock."""
+        return self._lock.locked()
+
+    def restart_cooldown_left(self) -> float:
+        return self._last_restart_at + self.config.watchdog.restart_cooldown_s - time.monotonic()
+
+    # -- the swap (strategies in bot.serving.swap, through this interface only)
+
+    async def swap(self, gguf: Path, *, mode: str = "blue-green", reason: str = "",
+                   lora: Path | None = None) -> None:
+        """Serve ``gguf`` (and ``lora``) instead of the current model; no request is lost.
+
+        Raises ServerStartError (the old model keeps serving) when the new one cannot
+        start, ValueError for an unknown mode."""
+        await swapping.swap(self, gguf, mode=mode, reason=reason, lora=lora)
+
+    def register_client(self, client: Client) -> None:
+        """A swap waits for ``client``'s requests on a server before stopping it.
+
+        Held weakly: a client that is garbage collected needs no unregistering."""
+        self._clients.add(client)
+
+    def in_flight(self, url: str) -> int:
+        """Requests in flight on ``url`` over all registered clients."""
+        url = url.rstrip("/")
+        return sum(client.in_flight(url) for client in list(self._clients))
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the lock that keeps starts, stops, restarts and swaps from overlapping."""
+        async with self._lock:
+            yield
+
+    async def start_standby(self, gguf: Path, lora: Path | None) -> ServerSupervisor:
+        """A second server with ``gguf`` on a free port, canary passed, no watchdog.
+
+        On any failure it leaves no process behind."""
+        standby = type(self)(self.config, gguf=gguf, port=_free_port(self.host))
+        standby.lora = lora
+        await standby.start(watchdog=False)
+        return standby
+
+    def switch_to(self, standby: ServerSupervisor) -> None:
+        """Serve from ``standby``'s process and give it ours (to drain and stop).
+
+        Synchronous, so every client's next request goes to the new server."""
+        self._proc, standby._proc = standby._proc, self._proc
+        self.port, standby.port = standby.port, self.port
+        self.gguf, standby.gguf = standby.gguf, self.gguf
+        self.lora, standby.lora = standby.lora, self.lora
+        self.log_path, standby.log_path = standby.log_path, self.log_path
+        self.generation += 1
+        self._mark_ready()
+
+    def hold_requests(self) -> None:
+        """New requests wait in the clients until ``release_requests``."""
+        self._ready.clear()
+        self.healthy = False
+
+    def release_requests(self) -> None:
+        self._mark_ready()
+
+    async def relaunch(self, gguf: Path, lora: Path | None) -> None:
+        """Stop this server and start ``gguf`` in its place; call within ``exclusive``.
+
+        Raises ServerStartError, leaving no process, when the new one fails."""
+        await self._kill(hard=False)
+        self.gguf, self.lora = gguf, lora
+        await self._launch()
+
+    async def drain(self, url: str) -> None:
+        """Wait until no registered client has a request in flight on ``url``."""
+        timeout = self.config.server.request_timeout_s
+        deadline = time.monotonic() + timeout
+        while count := self.in_flight(url):
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "%d request(s) still in flight on %s after %.0f s "
+                    "(server.request_timeout_s); stopping it anyway", count, url, timeout,
+                )  # fmt: skip
+                return
+            await asyncio.sleep(_DRAIN_POLL_S)
 
     # -- internals: process
 
@@ -200,7 +298,7 @@ class ServerSupervisor(Swapping):
             "Fix: stop whatever listens there or set server.port to a free port."
         )
 
-    def _exit_status(self) -> str | None:
+    def exit_status(self) -> str | None:
         """How the process ended, or None while it runs. Peeks without reaping (WNOWAIT),
         so the pid, and with it the process group id, stays reserved until _kill reaps it."""
         if self._proc is None:
@@ -219,7 +317,7 @@ class ServerSupervisor(Swapping):
 
     async def _wait_exit(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self._exit_status() is None:
+        while self.exit_status() is None:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(_POLL_S / 4)
@@ -229,7 +327,7 @@ class ServerSupervisor(Swapping):
         if not self.kind.spawns or self._proc is None:
             return
         proc, pgid = self._proc, self._proc.pid  # session leader: pgid == pid
-        if not hard and self._exit_status() is None:
+        if not hard and self.exit_status() is None:
             _signal_group(pgid, signal.SIGTERM)
             _signal_group(pgid, signal.SIGCONT)  # a stopped process acts on SIGTERM once continued
             if not await self._wait_exit(self.config.server.stop_grace_s):
@@ -263,7 +361,7 @@ class ServerSupervisor(Swapping):
     def _notice_death(self) -> None:
         # A crashed server is not ready, even before the watchdog's next round restarts it;
         # otherwise a client retrying after wait_ready() would spend its attempts at once.
-        if self._ready.is_set() and self.kind.spawns and self._exit_status() is not None:
+        if self._ready.is_set() and self.kind.spawns and self.exit_status() is not None:
             self._ready.clear()
             self.healthy = False
 
@@ -278,12 +376,12 @@ class ServerSupervisor(Swapping):
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         while True:
-            if self.kind.spawns and (status := self._exit_status()) is not None:
+            if self.kind.spawns and (status := self.exit_status()) is not None:
                 raise ServerStartError(
                     f"the {self.kind.name} server {status} before it was ready.\n"
                     + await self._log_tail()
                 )
-            ok, last = await self._probe()
+            ok, last = await probe(self.config, self.base_url)
             if ok:
                 return
             if time.monotonic() >= deadline:
@@ -294,59 +392,8 @@ class ServerSupervisor(Swapping):
                 )
             await asyncio.sleep(_POLL_S)
 
-    async def _probe(self) -> tuple[bool, str]:
-        """``GET /models``, then the canary; returns (ok, what went wrong)."""
-        try:
-            async with httpx.AsyncClient(timeout=_MODELS_TIMEOUT_S, trust_env=False) as http:
-                response = await http.get(f"{self.base_url}/models")
-        except httpx.HTTPError as exc:
-            return False, f"GET /models: {type(exc).__name__}"
-        if response.status_code != 200:
-            return False, f"GET /models answered {response.status_code}"
-        return await self._canary()
-
-    async def _canary(self) -> tuple[bool, str]:
-        """A one-token chat completion under ``watchdog.canary_timeout_s``."""
-        timeout = self.config.watchdog.canary_timeout_s
-        body = {
-            "model": self.config.model.alias,
-            "messages": [{"role": "user", "content": "Say OK."}],
-            "max_tokens": 1,
-            "temperature": 0,
-        }
-        try:
-            async with httpx.AsyncClient(timeout=timeout, trust_env=False) as http:
-                response = await asyncio.wait_for(
-                    http.post(f"{self.base_url}/chat/completions", json=body), timeout
-                )
-        except (httpx.TimeoutException, TimeoutError):
-            return False, f"canary timed out after {timeout} s"
-        except httpx.HTTPError as exc:
-            return False, f"canary: {type(exc).__name__}: {exc}"
-        if response.status_code != 200:
-            return False, f"canary answered {response.status_code}: {response.text[:200]}"
-        try:
-            response.json()["choices"][0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            return False, f"canary answered without choices: {response.text[:200]}"
-        return True, "ok"
-
     async def _log_tail(self) -> str:
-        if not self.kind.spawns:
-            return ""
-
-        def read() -> str:
-            try:
-                with open(self.log_path, "rb") as log:
-                    log.seek(max(0, log.seek(0, os.SEEK_END) - 8192))
-                    text = log.read().decode("utf-8", "replace")
-            except OSError as exc:
-                return f"(cannot read it: {exc})"
-            return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
-
-        return f"Server log {self.log_path}, last lines:\n{await asyncio.to_thread(read)}"
-
-    # -- internals: watchdog
+        return await log_tail(self.log_path) if self.kind.spawns else ""
 
     async def _cancel_watchdog(self) -> None:
         task, self._watchdog = self._watchdog, None
@@ -361,93 +408,17 @@ class ServerSupervisor(Swapping):
         except Exception:
             logger.exception("the server watchdog had failed")
 
-    async def _watch(self) -> None:
-        dog = self.config.watchdog
-        failures, busy_since, generation = 0, None, self.generation
-        while True:
-            await asyncio.sleep(dog.interval_s)
-            if self._lock.locked():
-                continue  # a start, stop, restart or swap is under way; it probes for itself
-            if self.generation != generation:  # another process now: judge it afresh
-                failures, busy_since, generation = 0, None, self.generation
-            try:
-                failures, busy_since = await self._watch_once(failures, busy_since)
-            except ServerStartError as exc:
-                # Keep watching: the next failures trigger another try after the cooldown.
-                logger.error("watchdog restart failed: %s", exc)
-                failures = 0
-            except Exception:
-                logger.exception("watchdog check failed")
-
-    async def _watch_once(
-        self, failures: int, busy_since: float | None
-    ) -> tuple[int, float | None]:
-        """One canary round; returns the new (consecutive failures, busy since)."""
-        dog = self.config.watchdog
-        generation = self.generation
-        status = self._exit_status() if self.kind.spawns else None
-        if status is not None:
-            why, failures = f"the server process {status}", dog.failures_before_restart
-        else:
-            cpu_before = _cpu_seconds(self.pid)
-            ok, why = await self._canary()
-            if self._lock.locked() or self.generation != generation:
-                # A start, stop, restart or swap began meanwhile and owns the ready state;
-                # marking it ready now would let requests through mid-swap.
-                return failures, busy_since
-            if ok:
-                if not self.healthy:
-                    logger.info("server at %s answers the canary again", self.base_url)
-                self._mark_ready()
-                return 0, None
-            cpu_used = _cpu_seconds(self.pid) - cpu_before
-            now = time.monotonic()
-            busy_for = now - (busy_since or now)
-            if _is_busy(why, cpu_used) and busy_for < self.config.server.request_timeout_s:
-                logger.info("canary: %s, but the server is computing; counted as busy", why)
-                return failures, busy_since or now
-            failures += 1
-        self.healthy = False
-        logger.warning("canary failed (%d/%d): %s", failures, dog.failures_before_restart, why)
-        if failures < dog.failures_before_restart:
-            return failures, busy_since
-        if not self.kind.spawns:
-            # We cannot restart someone else's server; make requests wait for it instead.
-            self._ready.clear()
-            logger.error("the external server at %s is unresponsive: %s", self.base_url, why)
-            return failures, busy_since
-        cooldown_left = self._last_restart_at + dog.restart_cooldown_s - time.monotonic()
-        if cooldown_left > 0:
-            logger.warning("restart deferred: %.0f s of restart cooldown left", cooldown_left)
-            return failures, busy_since
-        reason = f"{failures} consecutive canary failures; last: {why}"
-        async with self._lock:
-            if self.generation != generation:
-                return 0, None  # a swap replaced the server while we probed the old one
-            await self._restart_locked(reason, hard=True)
-        return 0, None
-
-
-def _is_busy(why: str, cpu_used: float) -> bool:
-    """A canary timeout while the server burns CPU means a long generation holds its slot."""
-    return "timed out" in why and cpu_used >= _BUSY_CPU_S
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds of ``pid`` from /proc; 0 where unknown (e.g. external)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    # After the ")" of comm, utime and stime are fields 12 and 13 (0-based), in clock ticks.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
+
+
+def _free_port(host: str) -> int:
+    """A port on ``host`` that nothing listened on a moment ago (``_launch`` checks again)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,189 @@
+"""The admin commands, as one table: name, arguments, help and handler.
+
+Discord's slash commands (``bot.discord_front.slash``), the console and its
+``/help`` are all made from ``COMMANDS``, and every front end runs a command
+through ``run_command``, which holds the one permission check and the one
+error policy:
+
+- a caller who is not an admin gets ``REFUSAL`` and nothing runs;
+- bad arguments (``CommandError``, ``ValueError``) get the command's usage;
+- any other exception is logged and answered as ``"NAME failed: why"``; the
+  front end and the bot keep going.
+
+Adding a command is one entry here, plus its action (usually in ``bot.admin``).
+Permission is checked in code against the configured admin users and roles:
+Discord's ``default_permissions`` alone would guard nothing, since any server
+admin can change it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from bot import admin
+from bot.config import Config
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+logger = logging.getLogger("nightshift.commands")
+REFUSAL = "Sorry, only Nightshift's admins can use this command."
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who runs a command, and in which agent channel (its key).
+
+    ``local`` is the person at the console: the machine's owner, an admin by
+    definition."""
+
+    user_id: int
+    role_ids: tuple[int, ...]
+    channel: str
+    name: str
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    type: type  # int or str
+    help: str
+    required: bool = True
+    choices: tuple[str, ...] = ()
+
+
+Handler = Callable[..., Awaitable[str]]  # (runtime, caller, **arguments) -> the answer
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "sys show" is the subcommand "show" of the group "sys"
+    help: str
+    handler: Handler
+    args: tuple[Arg, ...] = ()
+
+    @property
+    def usage(self) -> str:
+        parts = [f"/{self.name}"]
+        for arg in self.args:
+            label = "|".join(arg.choices) if arg.choices else arg.name.upper()
+            parts.append(label if arg.required else f"[{label}]")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    refused: bool = False
+
+
+class CommandError(ValueError):
+    """A command line or its arguments are malformed; the text says how to fix it."""
+
+
+_RELEASE = Arg("release_id", int, "the release's id", required=False)
+COMMANDS: dict[str, Command] = {c.name: c for c in (
+    Command("status", "model, server health, queues and the night",
+            lambda rt, c: admin.status(rt)),
+    Command("sleep", "start the night: train on the day",
+            lambda rt, c: admin.sleep(rt, c.name, c.channel)),
+    Command("wake", "cancel a queued or running night", lambda rt, c: admin.wake(rt)),
+    Command("promote", "serve a candidate release (the newest if no id is given)",
+            lambda rt, c, release_id=None: admin.promote(rt, release_id), (_RELEASE,)),
+    Command("rollback", "serve an earlier release again (the newest retired if no id)",
+            lambda rt, c, release_id=None: admin.rollback(rt, release_id), (_RELEASE,)),
+    Command("label", "label an episode for the night",
+            lambda rt, c, episode_id, label: admin.label(rt, episode_id, label, "admin"),
+            (Arg("episode_id", int, "the episode's id"),
+             Arg("label", str, "the label to give it",
+                 choices=("accepted", "rejected", "verified")))),
+    Command("sys show", "show this channel's agent-editable system section",
+            lambda rt, c: admin.sys_show(rt, c.channel)),
+    Command("sys reset", "reset this channel's agent-editable system section",
+            lambda rt, c: admin.sys_reset(rt, c.channel)),
+    Command("restart-server", "restart the model server", lambda rt, c: admin.restart_server(rt)),
+    Command("notes-clean", "remove this channel's notes",
+            lambda rt, c: admin.notes_clean(rt, c.channel)),
+)}
+
+
+def is_admin(config: Config, user_id: int, role_ids: Iterable[int] = ()) -> bool:
+    if user_id in config.discord.admin_user_ids:
+        return True
+    return bool(set(role_ids) & set(config.discord.admin_role_ids))
+
+
+def may_run(config: Config, caller: Caller) -> bool:
+    return caller.local or is_admin(config, caller.user_id, caller.role_ids)
+
+
+async def run_command(rt: Runtime, caller: Caller, name: str, **options: Any) -> Answer:
+    """Check that ``caller`` is an admin, then run the command ``name``."""
+    command = COMMANDS[name]
+    if not may_run(rt.config, caller):
+        logger.info("refused %s to %s", name, caller.name)
+        return Answer(REFUSAL, refused=True)
+    logger.info("%s runs %s %s in #%s", caller.name, name, options or "", caller.channel)
+    try:
+        return Answer(await command.handler(rt, caller, **options))
+    except asyncio.CancelledError:
+        raise
+    except ValueError as exc:  # CommandError included: the caller can fix it
+        return Answer(f"{name}: {exc}\nusage: {command.usage}")
+    except Exception as exc:  # an admin sees why; the front end and the bot keep going
+        logger.exception("admin command %s failed", name)
+        return Answer(f"{name} failed: {exc}")
+
+
+def parse_command(line: str) -> tuple[str, dict[str, Any]]:
+    """A typed command line (``/promote 3``) as (name, options); raises CommandError."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise CommandError(f"cannot read {line!r}: {exc}") from None
+    if not words:
+        raise CommandError("empty command; /help lists the commands")
+    first = words[0].lstrip("/!")
+    for size in (2, 1):  # a subcommand ("sys show") first
+        name = " ".join([first, *words[1:size]])
+        if name in COMMANDS and len(words) >= size:
+            return name, _options(COMMANDS[name], words[size:])
+    raise CommandError(f"unknown command {words[0]!r}; /help lists the commands")
+
+
+def _options(command: Command, words: list[str]) -> dict[str, Any]:
+    if len(words) > len(command.args):
+        raise CommandError(f"too many arguments; usage: {command.usage}")
+    options: dict[str, Any] = {}
+    for i, arg in enumerate(command.args):
+        if i >= len(words):
+            if arg.required:
+                raise CommandError(f"{arg.name} is missing; usage: {command.usage}")
+            continue
+        options[arg.name] = _value(command, arg, words[i])
+    return options
+
+
+def _value(command: Command, arg: Arg, word: str) -> Any:
+    if arg.choices and word not in arg.choices:
+        raise CommandError(f"{arg.name} must be one of {', '.join(arg.choices)}, not {word!r}; "
+                           f"usage: {command.usage}")
+    if arg.type is int:
+        try:
+            return int(word)
+        except ValueError:
+            raise CommandError(f"{arg.name} must be a whole number, not {word!r}; "
+                               f"usage: {command.usage}") from None
+    return word
+
+
+def help_lines() -> list[str]:
+    """One line per command, for the console's /help (and any front end's)."""
+    width = max(len(c.usage) for c in COMMANDS.values()) + 2
+    return [f"{c.usage:<{width}}{c.help} (admins)" for c in COMMANDS.values()]

@@ -1,0 +1,102 @@
+"""Admin commands on Discord: the slash commands and ``!sleep``.
+
+Each slash command is generated from the table in ``bot.commands``: a thin
+wrapper that names the command and passes its options to ``run_command``
+(the permission check, then the action), so the behaviour is tested without
+Discord. Permission is
+checked in code against the configured admin users and roles. The commands
+carry no ``default_permissions``: that would hide them from configured
+admins who lack the Discord permission, and any server admin can change it,
+so it would guard nothing.
+
+A non-admin gets an ephemeral refusal at once. An admin's command is
+deferred first (promote, rollback and restart-server restart the model
+server, which takes longer than Discord's three seconds), then answered
+with followups.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import TYPE_CHECKING, Literal, Optional
+
+import discord
+from discord import app_commands
+from discord.ext import commands
+
+from bot.commands import COMMANDS, REFUSAL, Answer, Caller, Command, may_run, run_command
+from bot.discord_front.access import caller_of, role_ids
+from bot.discord_front.render import answer_interaction, send_reply
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+logger = logging.getLogger("nightshift.discord")
+__all__ = ["REFUSAL", "Answer", "add_admin_commands", "slash"]
+
+
+async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
+                **options: object) -> None:
+    """The body of every admin slash command."""
+    user = interaction.user
+    # Keyed by id: the interaction's channel object may be a partial one.
+    key = str(interaction.channel_id) if interaction.guild_id else f"dm-{user.id}"
+    caller = Caller(user.id, role_ids(user), key, f"{user} ({user.id})")
+    if not may_run(rt.config, caller):
+        await answer_interaction(interaction, REFUSAL, ephemeral=True)
+        return
+    await interaction.response.defer(thinking=True)
+    answer = await run_command(rt, caller, name, **options)
+    await answer_interaction(interaction, answer.text)
+
+
+def add_admin_commands(bot: commands.Bot, rt: Runtime) -> None:
+    """Register ``!sleep`` and one slash command per entry of ``bot.commands.COMMANDS``."""
+
+    @commands.command(name="sleep")
+    async def sleep_prefix(ctx: commands.Context) -> None:
+        """Start the night (admins only)."""
+        answer = await run_command(rt, caller_of(ctx.author, ctx.channel), "sleep")
+        await send_reply(ctx.message, answer.text)
+
+    bot.add_command(sleep_prefix)
+    groups: dict[str, app_commands.Group] = {}
+    for command in COMMANDS.values():
+        callback = _callback(rt, command)
+        group_name, _, sub = command.name.rpartition(" ")
+        if not group_name:
+            bot.tree.command(name=command.name, description=_describe(command))(
+                app_commands.guild_only()(callback))
+            continue
+        group = groups.get(group_name)
+        if group is None:
+            group = groups[group_name] = app_commands.Group(
+                name=group_name, guild_only=True,
+                description=f"/{group_name} commands (admins)")
+            bot.tree.add_command(group)
+        group.command(name=sub, description=_describe(command))(callback)
+
+
+def _describe(command: Command) -> str:
+    return f"{command.help[:1].upper()}{command.help[1:]} (admins)"[:100]
+
+
+def _callback(rt: Runtime, command: Command):
+    """A slash callback with one typed parameter per argument, as discord.py reads them."""
+
+    async def callback(interaction: discord.Interaction, **options: object) -> None:
+        await slash(rt, interaction, command.name, **options)
+
+    params = [inspect.Parameter("interaction", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                annotation=discord.Interaction)]
+    for arg in command.args:
+        kind = Literal[arg.choices] if arg.choices else arg.type
+        params.append(inspect.Parameter(
+            arg.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            annotation=kind if arg.required else Optional[kind],
+            default=inspect.Parameter.empty if arg.required else None))
+    callback.__signature__ = inspect.Signature(params)
+    if command.args:
+        callback = app_commands.describe(**{a.name: a.help for a in command.args})(callback)
+    return callback

@@ -1,0 +1,108 @@
+"""Releases: what the nights built, and which one serves.
+
+A release is a row in the store (candidate, live or retired) and a folder with
+``release.json``, which lists the SHA-256 of every file. Promote and rollback
+are the same act: check the folder, swap the model in through the supervisor,
+then mark the rows. A corrupt release or a model that fails its canary never
+goes live, and the old model keeps serving.
+
+``Releases`` takes only the services it acts on (config, store, supervisor),
+so the admin commands and the night watch share it without knowing the
+runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bot.config import Config
+    from bot.serving.supervisor import ServerSupervisor
+    from bot.storage.store import Store
+
+
+def release_problem(release: dict) -> str | None:
+    """Why a release may not be served (missing or changed files), or None."""
+    path = Path(release["path"])
+    manifest = path / "release.json"
+    if not manifest.is_file():
+        return f"{manifest} is missing"
+    files = json.loads(manifest.read_text()).get("files", {})
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        digest = hashlib.sha256()
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != expected:
+            return f"{file} does not match its SHA-256 in release.json"
+    return None
+
+
+class Releases:
+    """Promote and roll back releases; each answer is the text to show the admin."""
+
+    def __init__(self, config: Config, store: Store, supervisor: ServerSupervisor) -> None:
+        self.config = config
+        self.store = store
+        self.supervisor = supervisor
+
+    @property
+    def swap_mode(self) -> str:
+        # One GPU cannot hold two models: the swap then restarts the server in place.
+        return "restart" if self.config.night.single_gpu else "blue-green"
+
+    async def promote(self, release_id: int | None = None) -> str:
+        releases = await self.store.releases()
+        candidates = [r for r in releases if r["state"] == "candidate"
+                      and (release_id is None or r["id"] == release_id)]
+        if not candidates:
+            return ("No candidate release to promote." if release_id is None
+                    else f"Release #{release_id} is not a candidate.")
+        return await self._serve(candidates[-1], "promote")
+
+    async def rollback(self, release_id: int | None = None) -> str:
+        """Serve an earlier release (the newest retired one by default), or the base model
+        when no earlier release exists."""
+        releases = await self.store.releases()
+        earlier = [r for r in releases if r["state"] == "retired"
+                   and (release_id is None or r["id"] == release_id)]
+        if earlier:
+            return await self._serve(earlier[-1], "rollback")
+        if release_id is not None:
+            return f"Release #{release_id} is not a retired release."
+        live = [r for r in releases if r["state"] == "live"]
+        if not live:
+            return "The base model is already serving; there is nothing to roll back."
+        try:
+            await self.supervisor.swap(self.config.served_gguf, mode=self.swap_mode,
+                                       reason="rollback to the base model")
+        except Exception as exc:
+            return f"Rollback failed ({exc}); still serving release #{live[0]['id']}."
+        await self.store.set_release_state(live[0]["id"], "retired")
+        return f"Rolled back to the base model ({self.config.served_gguf.name})."
+
+    async def _serve(self, release: dict, why: str) -> str:
+        """Swap a release in; a corrupt release or a failed canary never goes live."""
+        problem = await asyncio.to_thread(release_problem, release)
+        if problem:
+            return f"Release #{release['id']} refused: {problem}. Nothing changed."
+        meta = release["meta"]
+        gguf = Path(meta.get("gguf") or release["path"])
+        lora = Path(meta["lora"]) if meta.get("lora") else None
+        try:
+            await self.supervisor.swap(gguf, lora=lora, mode=self.swap_mode,
+                                       reason=f"{why} to release #{release['id']}")
+        except Exception as exc:
+            return f"Release #{release['id']} failed to start; the old model keeps serving.\n{exc}"
+        await self.store.set_release_state(release["id"], "live")
+        for job in await self.store.jobs("sleep", ["awaiting_promotion"]):
+            if job["progress"].get("release_id") == release["id"]:
+                await self.store.update_job(job["id"], state="live")
+        return f"Now serving release #{release['id']} ({release['name']})."

@@ -1,0 +1,81 @@
+"""The import rules of bot/__init__.py, read from the source with ast."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
+                      "bot.serving.wire"}
+# Imports inside functions that load a heavy or optional dependency when used.
+# (The embedder loads its model, notes load chromadb, the front ends load discord.py.)
+LAZY_OK = {"bot.storage.embedder", "tools.notes", "bot.discord_front.app", "bot.doctor",
+           "bot.app"}
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(module, inside a function) for each import of a file."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.append((child.module, in_function))
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # typing only: never runs
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def package_files(name: str) -> list[Path]:
+    return sorted((ROOT / name).rglob("*.py"))
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+@pytest.mark.parametrize("package", ["bot", "tools", "sandbox"])
+def test_the_day_side_never_imports_torch_or_the_trainer(package):
+    bad = [(f.relative_to(ROOT), m) for f in package_files(package) for m, _ in imports(f)
+           if top(m) in ("torch", "transformers", "peft", "accelerate", "trainer")]
+    assert bad == []
+
+
+def test_the_sandbox_is_a_leaf():
+    bad = [(f.relative_to(ROOT), m) for f in package_files("sandbox") for m, _ in imports(f)
+           if top(m) in ("bot", "tools", "trainer")]
+    assert bad == []
+
+
+def test_tools_import_only_the_sandbox_of_the_project():
+    bad = [(f.relative_to(ROOT), m) for f in package_files("tools") for m, _ in imports(f)
+           if top(m) in ("bot", "trainer")]
+    assert bad == []
+
+
+def test_the_trainer_imports_only_the_allowed_bot_modules():
+    used = {m for f in package_files("trainer") for m, _ in imports(f) if top(m) == "bot"}
+    assert used <= TRAINER_MAY_IMPORT, used - TRAINER_MAY_IMPORT
+
+
+def test_no_bot_module_imports_another_inside_a_function_to_dodge_a_cycle():
+    inner = [(str(f.relative_to(ROOT)), m) for f in package_files("bot")
+             for m, in_function in imports(f)
+             if in_function and top(m) in ("bot", "tools", "sandbox") and m not in LAZY_OK]
+    assert inner == []
+
+
+def test_no_file_outgrows_the_size_guideline():
+    long = [(str(f.relative_to(ROOT)), n) for package in ("bot", "tools", "sandbox", "trainer")
+            for f in package_files(package) if (n := len(f.read_text().splitlines())) > 450]
+    assert long == []
