@@ -1,5 +1,11 @@
 """Search tools: grep, glob, file_info, tree and outline.
 
+grep and outline work on the agent's bytes in a worker process under limits
+(``tools.worker``): a pattern that backtracks without end, or a file whose
+syntax tree takes gigabytes, stops there with a clear error and never holds
+the bot's GIL. grep's worker gets the file or folder already opened through
+the jail, as a descriptor; outline's gets the bytes (at most 1 MiB).
+
 Walks go through folder descriptors (``os.fwalk``, ``O_NOFOLLOW`` opens), so
 they never follow a link, even one a job swaps in mid-walk: a link could lead
 out of the workspace or into a loop. Version-control and cache folders are
@@ -17,7 +23,7 @@ import stat
 import time
 from collections.abc import Iterator
 
-from tools import ToolContext, ToolError, tool
+from tools import ToolContext, ToolError, tool, worker
 from tools.files import existing, is_binary, lexical, open_dir, open_file, rel, scan
 from tools.fsroot import DIR_FLAGS, READ_FLAGS, FsRoot
 
@@ -26,6 +32,11 @@ MAX_GLOB_RESULTS = 200
 MAX_TREE_LINES = 300
 MAX_OUTLINE_LINES = 300
 MAX_GREP_FILE_BYTES = 5 * 1024 * 1024
+MAX_PATTERN_CHARS = 1000
+# A real Python file is rarely over 1 MiB; its syntax tree takes about 400 bytes per byte.
+MAX_OUTLINE_BYTES = 1024 * 1024
+GREP_LIMITS = worker.Limits(memory_mb=512, cpu_s=10, timeout_s=15)
+OUTLINE_LIMITS = worker.Limits(memory_mb=1024, cpu_s=10, timeout_s=15)
 MATCH_PREVIEW_CHARS = 200
 SKIPPED_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
 
@@ -55,27 +66,6 @@ def read_small_text(name: str, dir_fd: int) -> bytes | None:
     return None if is_binary(data[:8192]) else data
 
 
-def _grep_targets(ctx: ToolContext, path: str) -> Iterator[tuple[str, bytes]]:
-    """(workspace-relative name, bytes) of each text file at or below ``path``."""
-    target = existing(ctx, path)
-    if not target.is_dir():
-        with open_file(ctx, path) as f:
-            data = f.read(MAX_GREP_FILE_BYTES + 1)
-        if len(data) <= MAX_GREP_FILE_BYTES and not is_binary(data[:8192]):
-            yield rel(ctx, target), data
-        return
-    base = rel(ctx, target)
-    dir_fd = open_dir(ctx, path)
-    try:
-        for folder, _, files, fd in walk(dir_fd):
-            for name in files:
-                data = read_small_text(name, fd)
-                if data is not None:
-                    yield "/".join(p for p in (base, folder, name) if p and p != "."), data
-    finally:
-        os.close(dir_fd)
-
-
 @tool
 def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> str:
     """Search file contents for a Python regular expression; shows file:line: text for each match.
@@ -85,17 +75,37 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> st
         path: The file or folder to search, relative to your workspace.
         glob: Only search files whose name or relative path matches this pattern, e.g. "*.py".
     """
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ToolError(f"the pattern is {len(pattern)} characters long; the limit is "
+                        f"{MAX_PATTERN_CHARS}")
+    target = existing(ctx, path)
+    # Opened here, through the jail; the worker only gets the descriptor.
+    fd = open_dir(ctx, path) if target.is_dir() else ctx.workspace.open(path)
+    try:
+        args = {"pattern": pattern, "path": path, "glob": glob, "fd": fd,
+                "folder": stat.S_ISDIR(os.fstat(fd).st_mode), "base": rel(ctx, target)}
+        return worker.run("grep", args, fds=(fd,), limits=GREP_LIMITS,
+                          what=f"grep for {pattern!r} in {path}",
+                          hint="the pattern may backtrack without end (nested repeats such as "
+                               "(a+)+ or (.*)*); simplify it, or narrow path or glob")
+    finally:
+        os.close(fd)
+
+
+def grep_task(args: dict, data: bytes) -> str:
+    """In the worker (tools.worker): search the inherited file or folder descriptor."""
+    pattern, path, glob = args["pattern"], args["path"], args["glob"]
     try:
         regex = re.compile(pattern)
     except re.error as exc:
         raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
     matches: list[str] = []
     searched = 0
-    for name, data in _grep_targets(ctx, path):
+    for name, text in _grep_targets(args["fd"], args["folder"], args["base"]):
         if not (fnmatch.fnmatch(name.rsplit("/", 1)[-1], glob) or fnmatch.fnmatch(name, glob)):
             continue
         searched += 1
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), 1):
             if regex.search(line):
                 preview = line.strip()
                 if len(preview) > MATCH_PREVIEW_CHARS:
@@ -107,6 +117,21 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> st
     if not matches:
         return f"no matches for {pattern!r} in {searched} text files under {path} (glob {glob!r})"
     return "\n".join(matches) + f"\n({len(matches)} matches in {searched} files searched)"
+
+
+def _grep_targets(fd: int, folder: bool, base: str) -> Iterator[tuple[str, bytes]]:
+    """(workspace-relative name, bytes) of each text file at or below the open ``fd``."""
+    if not folder:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_GREP_FILE_BYTES + 1)
+        if len(data) <= MAX_GREP_FILE_BYTES and not is_binary(data[:8192]):
+            yield base, data
+        return
+    for folder_name, _, files, dir_fd in walk(fd):
+        for name in files:
+            data = read_small_text(name, dir_fd)
+            if data is not None:
+                yield "/".join(p for p in (base, folder_name, name) if p and p != "."), data
 
 
 @tool
@@ -234,7 +259,20 @@ def outline(ctx: ToolContext, path: str) -> str:
         raise ToolError(f"outline reads Python files (.py); {path} is not one. grep or read_file "
                         f"work on other files")
     with open_file(ctx, path) as f:
-        source = f.read()
+        size = os.fstat(f.fileno()).st_size
+        source = f.read(MAX_OUTLINE_BYTES + 1)
+    if len(source) > MAX_OUTLINE_BYTES:
+        raise ToolError(f"{path} is {max(size, len(source)) / 2**20:.1f} MiB; outline reads Python "
+                        f"files up to {MAX_OUTLINE_BYTES // 2**20} MiB. grep for '^\\s*(def|class) ' "
+                        "finds the definitions instead")
+    return worker.run("outline", {"path": path}, source, limits=OUTLINE_LIMITS,
+                      what=f"outlining {path}",
+                      hint="grep for '^\\s*(def|class) ' finds the definitions instead")
+
+
+def outline_task(args: dict, source: bytes) -> str:
+    """In the worker (tools.worker): parse the source and list its definitions."""
+    path = args["path"]
     try:
         module = ast.parse(source, filename=path)
     except SyntaxError as exc:
