@@ -54,6 +54,7 @@ TASKS = {
     "outline": ("tools.search", "outline_task"),
     "pdf": ("tools.media", "pdf_task"),
     "image": ("tools.media", "image_task"),
+    "probe": ("tools.worker", "probe_task"),
 }
 _ROOT = str(Path(__file__).resolve().parents[1])  # where the tools package lives
 _STDERR_TAIL = 2000
@@ -149,6 +150,16 @@ def _limit(memory_mb: int, cpu_s: int) -> None:
 def _reply(payload: dict) -> None:
     sys.stdout.write(json.dumps(payload))
     sys.stdout.flush()
+
+
+def probe_task(args: dict, data: bytes) -> dict:
+    """What a task sees: environment names, rlimits, working directory, open descriptors.
+    For the tests and the benchmark; it reads nothing of the agent's."""
+    limits = {name: resource.getrlimit(getattr(resource, name))[0]
+              for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")}
+    return {"env": sorted(os.environ), "limits": limits, "cwd": os.getcwd(),
+            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")), "bytes": len(data),
+            "sys_path": sys.path}
 
 
 def main(argv: list[str]) -> int:
