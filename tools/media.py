@@ -8,6 +8,7 @@ that decodes a 324 MB PNG when merely opened) ends there with a clear error.
 The PDF worker reads the descriptor the bot opened; the image worker gets the
 bytes the bot caches, and Pillow's pixel limit is this module's, with its
 warning made an error, so an oversized image is refused before it is decoded.
+The parsing itself is in ``tools.parsers``.
 
 Images for training: every image the agent views is first copied into an
 immutable, content-addressed cache outside the workspace
@@ -22,9 +23,7 @@ cached image to the conversation; without it, the tool describes the file.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
-import re
 import stat
 from pathlib import Path
 
@@ -81,36 +80,6 @@ def human_size(n: int) -> str:
 # --- PDF ---
 
 
-def _open_pdf(data: bytes, path: str):
-    from pypdf import PdfReader
-    from pypdf.errors import DependencyError
-
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ToolError(f"{path} is encrypted with a password; it cannot be read here")
-        # Counting pages parses the page tree, so a damaged file fails here, not mid-read.
-        if len(reader.pages) == 0:
-            raise ToolError(f"{path} is a PDF without pages; there is nothing to read")
-        return reader
-    except ToolError:
-        raise
-    except DependencyError:
-        raise ToolError(f"{path} is encrypted (AES) and this bot lacks the library to "
-                        "decrypt it; it cannot be read here") from None
-    except Exception as exc:  # pypdf raises many kinds for damaged files; all mean the same
-        raise ToolError(f"{path} could not be read as a PDF: it is damaged or not a PDF "
-                        f"({type(exc).__name__}: {exc})") from None
-
-
-def _page_text(reader, index: int) -> str:
-    try:
-        text = (reader.pages[index].extract_text() or "").strip()
-    except Exception as exc:  # one bad page must not hide the others
-        return f"(could not extract text from this page: {type(exc).__name__})"
-    return text or "(no text on this page; it may be a scanned image or a drawing)"
-
-
 @tool
 def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_PDF_PAGES) -> str:
     """Read the text of a PDF file, at most 10 pages per call, with page markers.
@@ -127,7 +96,7 @@ def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_
     fd = open_workspace_file(ctx, path, MAX_PDF_BYTES, "a PDF")
     try:
         args = {"path": path, "start_page": start_page, "pages": pages, "fd": fd,
-                "max_chars": MAX_PDF_CHARS}
+                "max_chars": MAX_PDF_CHARS, "max_bytes": MAX_PDF_BYTES}
         return worker.run("pdf", args, fds=(fd,), limits=PDF_LIMITS,
                           what=f"reading {path}",
                           hint="the PDF may be damaged or made to stall readers; try fewer pages")
@@ -135,78 +104,7 @@ def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_
         os.close(fd)
 
 
-def pdf_task(args: dict, _: bytes) -> str:
-    """In the worker (tools.worker): the text of the requested pages, with markers."""
-    path, start_page, pages, max_chars = (args["path"], args["start_page"], args["pages"],
-                                          args["max_chars"])
-    with os.fdopen(args["fd"], "rb", closefd=False) as f:
-        reader = _open_pdf(f.read(MAX_PDF_BYTES + 1)[:MAX_PDF_BYTES], path)
-    total = len(reader.pages)
-    if start_page > total:
-        raise ToolError(f"start_page {start_page} is past the end: {path} has {total} pages")
-    out: list[str] = []
-    used = 0
-    last = start_page - 1
-    for number in range(start_page, min(start_page + pages, total + 1)):
-        text = _page_text(reader, number - 1)
-        room = max_chars - used
-        if out and len(text) > room:
-            break  # the next call starts with this page
-        if len(text) > room:
-            text = f"{text[:room]}\n[... page cut, {len(text) - room} more characters]"
-        out.append(f"--- page {number} ---\n{text}")
-        used += len(text)
-        last = number
-    header = f"{path}: pages {start_page}-{last} of {total}"
-    if last < total:
-        footer = (f"({total - last} more pages; read on with read_pdf(path={path!r}, "
-                  f"start_page={last + 1}))")
-    else:
-        footer = "(end of document)"
-    return f"{header}\n" + "\n".join(out) + f"\n{footer}"
-
-
 # --- images ---
-
-
-def image_task(args: dict, data: bytes) -> dict:
-    """In the worker (tools.worker): what view_image tells of an image, opened (decoded only
-    where the format must) and verified; ToolError for non-images, huge and damaged ones."""
-    import warnings
-
-    from PIL import Image, UnidentifiedImageError
-
-    path, limit = args["path"], args["max_pixels"]
-    Image.MAX_IMAGE_PIXELS = limit  # Pillow warns above it and refuses at twice it...
-    warnings.simplefilter("error", Image.DecompressionBombWarning)  # ...and now refuses above it
-    try:
-        image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise ToolError(f"{path} is not an image this bot can read (PNG, JPEG, GIF, WebP, BMP, "
-                        "TIFF, ...); read_file shows text files, file_info tells a file's type") from None
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        # Refused before any decoding; Pillow's message holds the size ("(N pixels)").
-        size = re.search(r"\((\d+) pixels\)", str(exc))
-        pixels = f"{int(size.group(1)):,} pixels" if size else f"over {limit:,} pixels"
-        raise ToolError(f"{path} is too large an image to open ({pixels}; the limit is "
-                        f"{limit:,}). Scale it down first") from None
-    except MemoryError:
-        raise
-    except Exception as exc:  # a plugin that reads at open time (ICO, ...) hit damage
-        raise ToolError(f"{path} could not be opened as an image ({exc})") from None
-    width, height = image.size
-    if width * height > limit:
-        raise ToolError(f"{path} is {width}x{height} = {width * height:,} pixels; the limit is "
-                        f"{limit:,}. Scale it down first")
-    try:
-        Image.open(io.BytesIO(data)).verify()  # verify() spends its image; keep `image` usable
-        frames = getattr(image, "n_frames", 1)
-    except MemoryError:
-        raise
-    except Exception as exc:  # Pillow raises many kinds for damaged files
-        raise ToolError(f"{path} is a damaged {image.format} image ({exc})") from None
-    return {"format": image.format, "width": width, "height": height, "mode": image.mode,
-            "frames": frames, "mime": Image.MIME.get(image.format or "", "application/octet-stream")}
 
 
 def cache_image(cache_dir: Path, data: bytes, extension: str) -> tuple[str, Path]:
