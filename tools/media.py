@@ -1,7 +1,14 @@
 """Media tools: read a PDF's text, look at an image.
 
-Both read the file once, through ``Workspace.open`` (no symlink followed),
-and work on those bytes, so what is parsed is exactly what was checked.
+Both open the file once, through ``Workspace.open`` (no symlink followed),
+and parse exactly those bytes, never in the bot's process: pypdf and Pillow
+run in a worker process under memory, CPU and time limits
+(``tools.worker``). A PDF made to loop or a decompression bomb (a 300 KB ICO
+that decodes a 324 MB PNG when merely opened) ends there with a clear error.
+The PDF worker reads the descriptor the bot opened; the image worker gets the
+bytes the bot caches, and Pillow's pixel limit is this module's, with its
+warning made an error, so an oversized image is refused before it is decoded.
+The parsing itself is in ``tools.parsers``.
 
 Images for training: every image the agent views is first copied into an
 immutable, content-addressed cache outside the workspace
@@ -16,12 +23,11 @@ cached image to the conversation; without it, the tool describes the file.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
 from pathlib import Path
 
-from tools import ToolContext, ToolError, ToolResult, tool
+from tools import ToolContext, ToolError, ToolResult, tool, worker
 
 MAX_PDF_PAGES = 10
 MAX_PDF_BYTES = 100 * 2**20
@@ -29,24 +35,37 @@ MAX_PDF_CHARS = 12_000  # per call, under the registry's 16,000-character cap
 MAX_IMAGE_BYTES = 50 * 2**20
 MAX_IMAGE_PIXELS = 50_000_000
 
+PDF_LIMITS = worker.Limits(memory_mb=1024, cpu_s=20, timeout_s=30)
+IMAGE_LIMITS = worker.Limits(memory_mb=1024, cpu_s=10, timeout_s=15)
+
 _EXTENSIONS = {"JPEG": ".jpg", "TIFF": ".tiff", "JPEG2000": ".jp2"}
 
 
-def read_workspace_file(ctx: ToolContext, path: str, limit: int, what: str) -> bytes:
-    """A regular file's bytes, opened without following links; ToolError when it is not one."""
+def open_workspace_file(ctx: ToolContext, path: str, limit: int, what: str) -> int:
+    """A descriptor of a regular file of at most ``limit`` bytes, opened without following
+    links; ToolError when it is not one. The caller closes it."""
     target = ctx.workspace.resolve(path)
     if not target.exists():
         raise ToolError(f"{path} does not exist; list_dir shows what is there")
     if target.is_dir():
         raise ToolError(f"{path} is a folder, not {what}")
     fd = ctx.workspace.open(path)
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
+    try:
+        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise ToolError(f"{path} is not a regular file")
         if info.st_size > limit:
             raise ToolError(f"{path} is {human_size(info.st_size)}; the limit for {what} is "
                             f"{human_size(limit)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_workspace_file(ctx: ToolContext, path: str, limit: int, what: str) -> bytes:
+    """A regular file's bytes, opened without following links; ToolError when it is not one."""
+    with os.fdopen(open_workspace_file(ctx, path, limit, what), "rb") as f:
         return f.read(limit + 1)[:limit]
 
 
@@ -59,36 +78,6 @@ def human_size(n: int) -> str:
 
 
 # --- PDF ---
-
-
-def _open_pdf(data: bytes, path: str):
-    from pypdf import PdfReader
-    from pypdf.errors import DependencyError
-
-    try:
-        reader = PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ToolError(f"{path} is encrypted with a password; it cannot be read here")
-        # Counting pages parses the page tree, so a damaged file fails here, not mid-read.
-        if len(reader.pages) == 0:
-            raise ToolError(f"{path} is a PDF without pages; there is nothing to read")
-        return reader
-    except ToolError:
-        raise
-    except DependencyError:
-        raise ToolError(f"{path} is encrypted (AES) and this bot lacks the library to "
-                        "decrypt it; it cannot be read here") from None
-    except Exception as exc:  # pypdf raises many kinds for damaged files; all mean the same
-        raise ToolError(f"{path} could not be read as a PDF: it is damaged or not a PDF "
-                        f"({type(exc).__name__}: {exc})") from None
-
-
-def _page_text(reader, index: int) -> str:
-    try:
-        text = (reader.pages[index].extract_text() or "").strip()
-    except Exception as exc:  # one bad page must not hide the others
-        return f"(could not extract text from this page: {type(exc).__name__})"
-    return text or "(no text on this page; it may be a scanned image or a drawing)"
 
 
 @tool
@@ -104,56 +93,18 @@ def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_
         raise ToolError(f"start_page must be 1 or more (pages are numbered from 1), got {start_page}")
     if not 1 <= pages <= MAX_PDF_PAGES:
         raise ToolError(f"pages must be between 1 and {MAX_PDF_PAGES}, got {pages}")
-    reader = _open_pdf(read_workspace_file(ctx, path, MAX_PDF_BYTES, "a PDF"), path)
-    total = len(reader.pages)
-    if start_page > total:
-        raise ToolError(f"start_page {start_page} is past the end: {path} has {total} pages")
-    out: list[str] = []
-    used = 0
-    last = start_page - 1
-    for number in range(start_page, min(start_page + pages, total + 1)):
-        text = _page_text(reader, number - 1)
-        room = MAX_PDF_CHARS - used
-        if out and len(text) > room:
-            break  # the next call starts with this page
-        if len(text) > room:
-            text = f"{text[:room]}\n[... page cut, {len(text) - room} more characters]"
-        out.append(f"--- page {number} ---\n{text}")
-        used += len(text)
-        last = number
-    header = f"{path}: pages {start_page}-{last} of {total}"
-    if last < total:
-        footer = (f"({total - last} more pages; read on with read_pdf(path={path!r}, "
-                  f"start_page={last + 1}))")
-    else:
-        footer = "(end of document)"
-    return f"{header}\n" + "\n".join(out) + f"\n{footer}"
+    fd = open_workspace_file(ctx, path, MAX_PDF_BYTES, "a PDF")
+    try:
+        args = {"path": path, "start_page": start_page, "pages": pages, "fd": fd,
+                "max_chars": MAX_PDF_CHARS, "max_bytes": MAX_PDF_BYTES}
+        return worker.run("pdf", args, fds=(fd,), limits=PDF_LIMITS,
+                          what=f"reading {path}",
+                          hint="the PDF may be damaged or made to stall readers; try fewer pages")
+    finally:
+        os.close(fd)
 
 
 # --- images ---
-
-
-def _identify(data: bytes, path: str):
-    """The opened (not decoded) image; ToolError for non-images, damaged and huge ones."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        image = Image.open(io.BytesIO(data))
-    except UnidentifiedImageError:
-        raise ToolError(f"{path} is not an image this bot can read (PNG, JPEG, GIF, WebP, BMP, "
-                        "TIFF, ...); read_file shows text files, file_info tells a file's type") from None
-    except Image.DecompressionBombError:
-        raise ToolError(f"{path} is far too large an image to open (over {MAX_IMAGE_PIXELS:,} "
-                        "pixels); scale it down first") from None
-    width, height = image.size
-    if width * height > MAX_IMAGE_PIXELS:
-        raise ToolError(f"{path} is {width}x{height} = {width * height:,} pixels; the limit is "
-                        f"{MAX_IMAGE_PIXELS:,}. Scale it down first")
-    try:
-        Image.open(io.BytesIO(data)).verify()  # verify() spends its image; keep `image` usable
-    except Exception as exc:  # Pillow raises many kinds for damaged files
-        raise ToolError(f"{path} is a damaged {image.format} image ({exc})") from None
-    return image
 
 
 def cache_image(cache_dir: Path, data: bytes, extension: str) -> tuple[str, Path]:
@@ -195,13 +146,12 @@ def _cache_dir(ctx: ToolContext) -> Path:
     return cache_dir
 
 
-def _describe(image, path: str, size: int) -> str:
-    width, height = image.size
-    frames = getattr(image, "n_frames", 1)
-    animated = f", {frames} frames" if frames > 1 else ""
-    return (f"{path}: {image.format} image, {width}x{height} pixels, mode {image.mode}{animated}, "
-            f"{human_size(size)}. You cannot see images (this model has no vision), so this is "
-            "all view_image can tell; a program (python) can analyse the pixels")
+def _describe(facts: dict, path: str, size: int) -> str:
+    animated = f", {facts['frames']} frames" if facts["frames"] > 1 else ""
+    return (f"{path}: {facts['format']} image, {facts['width']}x{facts['height']} pixels, mode "
+            f"{facts['mode']}{animated}, {human_size(size)}. You cannot see images (this model "
+            "has no vision), so this is all view_image can tell; a program (python) can analyse "
+            "the pixels")
 
 
 @tool
@@ -212,21 +162,22 @@ def view_image(ctx: ToolContext, path: str) -> ToolResult:
     Args:
         path: The image file, relative to your workspace.
     """
-    from PIL import Image
-
     cache_dir = _cache_dir(ctx)
     data = read_workspace_file(ctx, path, MAX_IMAGE_BYTES, "an image")
-    image = _identify(data, path)
-    extension = _EXTENSIONS.get(image.format, f".{(image.format or 'img').lower()}")
+    facts = worker.run("image", {"path": path, "max_pixels": MAX_IMAGE_PIXELS}, data,
+                       limits=IMAGE_LIMITS, what=f"opening {path}",
+                       hint="scale the image down or save it as a plain PNG first")
+    kind = facts["format"]
+    extension = _EXTENSIONS.get(kind, f".{(kind or 'img').lower()}")
     digest, cached = cache_image(cache_dir, data, extension)
-    width, height = image.size
-    mime = Image.MIME.get(image.format or "", "application/octet-stream")
-    meta = {"image": {"sha256": digest, "cache_path": str(cached), "mime": mime, "width": width,
-                      "height": height, "path": ctx.workspace.relative(ctx.workspace.resolve(path)),
+    width, height = facts["width"], facts["height"]
+    meta = {"image": {"sha256": digest, "cache_path": str(cached), "mime": facts["mime"],
+                      "width": width, "height": height,
+                      "path": ctx.workspace.relative(ctx.workspace.resolve(path)),
                       "bytes": len(data)}}
     if ctx.services.get("vision"):
-        text = (f"{path} ({image.format}, {width}x{height} pixels, {human_size(len(data))}) is "
+        text = (f"{path} ({kind}, {width}x{height} pixels, {human_size(len(data))}) is "
                 "attached for you to view")
     else:
-        text = _describe(image, path, len(data))
+        text = _describe(facts, path, len(data))
     return ToolResult(True, text, meta)

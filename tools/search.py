@@ -1,5 +1,12 @@
 """Search tools: grep, glob, file_info, tree and outline.
 
+grep and outline work on the agent's bytes in a worker process under limits
+(``tools.worker``): a pattern that backtracks without end, or a file whose
+syntax tree takes gigabytes, stops there with a clear error and never holds
+the bot's GIL. grep's worker gets the file or folder already opened through
+the jail, as a descriptor; outline's gets the bytes (at most 1 MiB). The
+work itself is in ``tools.parsers``.
+
 Walks go through folder descriptors (``os.fwalk``, ``O_NOFOLLOW`` opens), so
 they never follow a link, even one a job swaps in mid-walk: a link could lead
 out of the workspace or into a loop. Version-control and cache folders are
@@ -9,71 +16,23 @@ how to narrow the search.
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 import os
-import re
 import stat
 import time
-from collections.abc import Iterator
 
-from tools import ToolContext, ToolError, tool
+from tools import ToolContext, ToolError, tool, worker
 from tools.files import existing, is_binary, lexical, open_dir, open_file, rel, scan
-from tools.fsroot import DIR_FLAGS, READ_FLAGS, FsRoot
+from tools.fsroot import DIR_FLAGS, FsRoot
+from tools.parsers import SKIPPED_DIRS, walk
 
-MAX_MATCHES = 100
 MAX_GLOB_RESULTS = 200
 MAX_TREE_LINES = 300
-MAX_OUTLINE_LINES = 300
-MAX_GREP_FILE_BYTES = 5 * 1024 * 1024
-MATCH_PREVIEW_CHARS = 200
-SKIPPED_DIRS = {".git", "__pycache__", ".venv", "node_modules", ".mypy_cache", ".pytest_cache"}
-
-
-def walk(dir_fd: int) -> Iterator[tuple[str, list[str], list[str], int]]:
-    """``os.fwalk`` below an open folder: (relative folder, subfolders, other names, folder fd).
-
-    Subfolders are sorted and pruned of SKIPPED_DIRS; links count as other names.
-    """
-    for folder, dirs, files, fd in os.fwalk(".", dir_fd=dir_fd, follow_symlinks=False):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-        yield folder.removeprefix("./").removeprefix("."), dirs, sorted(files), fd
-
-
-def read_small_text(name: str, dir_fd: int) -> bytes | None:
-    """A regular text file's bytes, or None for links, special, binary or too large files."""
-    try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
-    except OSError:  # ELOOP: a link; or gone meanwhile
-        return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_GREP_FILE_BYTES:
-            return None
-        os.set_blocking(fd, True)
-        data = f.read()
-    return None if is_binary(data[:8192]) else data
-
-
-def _grep_targets(ctx: ToolContext, path: str) -> Iterator[tuple[str, bytes]]:
-    """(workspace-relative name, bytes) of each text file at or below ``path``."""
-    target = existing(ctx, path)
-    if not target.is_dir():
-        with open_file(ctx, path) as f:
-            data = f.read(MAX_GREP_FILE_BYTES + 1)
-        if len(data) <= MAX_GREP_FILE_BYTES and not is_binary(data[:8192]):
-            yield rel(ctx, target), data
-        return
-    base = rel(ctx, target)
-    dir_fd = open_dir(ctx, path)
-    try:
-        for folder, _, files, fd in walk(dir_fd):
-            for name in files:
-                data = read_small_text(name, fd)
-                if data is not None:
-                    yield "/".join(p for p in (base, folder, name) if p and p != "."), data
-    finally:
-        os.close(dir_fd)
+MAX_PATTERN_CHARS = 1000
+# A real Python file is rarely over 1 MiB; its syntax tree takes about 400 bytes per byte.
+MAX_OUTLINE_BYTES = 1024 * 1024
+GREP_LIMITS = worker.Limits(memory_mb=512, cpu_s=10, timeout_s=15)
+OUTLINE_LIMITS = worker.Limits(memory_mb=1024, cpu_s=10, timeout_s=15)
 
 
 @tool
@@ -85,28 +44,21 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> st
         path: The file or folder to search, relative to your workspace.
         glob: Only search files whose name or relative path matches this pattern, e.g. "*.py".
     """
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ToolError(f"the pattern is {len(pattern)} characters long; the limit is "
+                        f"{MAX_PATTERN_CHARS}")
+    target = existing(ctx, path)
+    # Opened here, through the jail; the worker only gets the descriptor.
+    fd = open_dir(ctx, path) if target.is_dir() else ctx.workspace.open(path)
     try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
-    matches: list[str] = []
-    searched = 0
-    for name, data in _grep_targets(ctx, path):
-        if not (fnmatch.fnmatch(name.rsplit("/", 1)[-1], glob) or fnmatch.fnmatch(name, glob)):
-            continue
-        searched += 1
-        for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-            if regex.search(line):
-                preview = line.strip()
-                if len(preview) > MATCH_PREVIEW_CHARS:
-                    preview = preview[:MATCH_PREVIEW_CHARS] + " [...]"
-                matches.append(f"{name}:{number}: {preview}")
-                if len(matches) >= MAX_MATCHES:
-                    return "\n".join(matches) + (f"\n[stopped after {MAX_MATCHES} matches; narrow "
-                                                 f"the pattern, path or glob]")
-    if not matches:
-        return f"no matches for {pattern!r} in {searched} text files under {path} (glob {glob!r})"
-    return "\n".join(matches) + f"\n({len(matches)} matches in {searched} files searched)"
+        args = {"pattern": pattern, "path": path, "glob": glob, "fd": fd,
+                "folder": stat.S_ISDIR(os.fstat(fd).st_mode), "base": rel(ctx, target)}
+        return worker.run("grep", args, fds=(fd,), limits=GREP_LIMITS,
+                          what=f"grep for {pattern!r} in {path}",
+                          hint="the pattern may backtrack without end (nested repeats such as "
+                               "(a+)+ or (.*)*); simplify it, or narrow path or glob")
+    finally:
+        os.close(fd)
 
 
 @tool
@@ -234,39 +186,12 @@ def outline(ctx: ToolContext, path: str) -> str:
         raise ToolError(f"outline reads Python files (.py); {path} is not one. grep or read_file "
                         f"work on other files")
     with open_file(ctx, path) as f:
-        source = f.read()
-    try:
-        module = ast.parse(source, filename=path)
-    except SyntaxError as exc:
-        where = f"line {exc.lineno}, column {exc.offset}" if exc.lineno else "an unknown line"
-        text = f": {exc.text.strip()}" if exc.text else ""
-        raise ToolError(f"{path} has a syntax error at {where}: {exc.msg}{text}") from None
-    except ValueError as exc:  # e.g. null bytes
-        raise ToolError(f"{path} cannot be parsed as Python: {exc}") from None
-    count = len(source.splitlines())
-    lines = [f"{path} ({count} lines)"]
-    _outline_body(module.body, 0, lines)
-    if len(lines) == 1:
-        lines.append("(no classes or functions)")
-    if len(lines) > MAX_OUTLINE_LINES:
-        lines = lines[:MAX_OUTLINE_LINES] + ["[... cut; grep for a name to find the rest]"]
-    return "\n".join(lines)
-
-
-def _outline_body(body: list[ast.stmt], level: int, lines: list[str]) -> None:
-    for node in body:
-        indent = "    " * level
-        if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        start = min([node.lineno] + [d.lineno for d in node.decorator_list])  # decorators belong to it
-        span = f"[{start}-{node.end_lineno}]"
-        decorators = "".join(f"@{ast.unparse(d)} " for d in node.decorator_list)
-        if isinstance(node, ast.ClassDef):
-            bases = ", ".join(ast.unparse(b) for b in node.bases + node.keywords)
-            lines.append(f"{indent}{decorators}class {node.name}{f'({bases})' if bases else ''}  {span}")
-            _outline_body(node.body, level + 1, lines)
-        else:
-            prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
-            returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
-            signature = f"{node.name}({ast.unparse(node.args)}){returns}"
-            lines.append(f"{indent}{decorators}{prefix} {signature}  {span}")
+        size = os.fstat(f.fileno()).st_size
+        source = f.read(MAX_OUTLINE_BYTES + 1)
+    if len(source) > MAX_OUTLINE_BYTES:
+        raise ToolError(f"{path} is {max(size, len(source)) / 2**20:.1f} MiB; outline reads Python "
+                        f"files up to {MAX_OUTLINE_BYTES // 2**20} MiB. grep for '^\\s*(def|class) ' "
+                        "finds the definitions instead")
+    return worker.run("outline", {"path": path}, source, limits=OUTLINE_LIMITS,
+                      what=f"outlining {path}",
+                      hint="grep for '^\\s*(def|class) ' finds the definitions instead")

@@ -15,6 +15,7 @@ from typing import Any
 import openai
 
 from bot.config import Config
+from bot.serving.wire import neutral_messages
 
 
 def json_format(schema: dict) -> dict:
@@ -46,7 +47,7 @@ class JsonClient:
         self.requests += 1
         try:
             completion = await self._client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=max_tokens,
+                model=self.model, messages=neutral_messages(messages), max_tokens=max_tokens,
                 temperature=temperature,
                 response_format=json_format({"title": name, **schema}))
         except (openai.APIConnectionError, openai.InternalServerError) as exc:

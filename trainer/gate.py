@@ -23,6 +23,7 @@ import gc
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bot.serving.wire import neutral_messages
 from trainer.client import JsonClient
 
 OPEN_PROMPTS = [
@@ -73,7 +74,8 @@ def generate(gguf: Path, prompts: list[list[dict]], max_tokens: int, n_ctx: int,
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
                 chat_format="chatml", verbose=False, seed=0)
     try:
-        return [llm.create_chat_completion(messages=p, temperature=0, max_tokens=max_tokens)
+        return [llm.create_chat_completion(messages=neutral_messages(p), temperature=0,
+                                         max_tokens=max_tokens)
                 ["choices"][0]["message"]["content"] or "" for p in prompts]
     finally:
         del llm

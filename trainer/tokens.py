@@ -23,6 +23,10 @@ the shim's patch applied):
 - every string is rendered raw (a ``"`` or ``<`` in a file or in the model's
   own arguments reads as itself), except the tool list: ``tojson`` sorts keys
   and escapes ``<>&'`` as ``\\u003c``... whatever the autoescape setting;
+- special-token text in any content (``<|im_end|>`` in a file) was broken by
+  a zero-width space before the template saw it (``bot.serving.special_tokens``, via
+  ``server_messages``), so it is rendered, and trained, as the plain text the
+  model read;
 - llama.cpp tokenizes the whole prompt in one go, parsing special tokens and
   adding no BOS for SmolLM2 (``tokenizer.ggml.add_bos_token`` is false); the
   HF tokenizer with ``add_special_tokens=False`` gives the same ids.
@@ -75,7 +79,7 @@ from typing import Any
 
 from jinja2.utils import htmlsafe_json_dumps
 
-from bot.serving.wire import FUNCTION_CALLING, TOOL_RESULT_PREFIX, server_messages
+from bot.serving.wire import FUNCTION_CALLING, server_messages, tool_result_parts
 
 IGNORE, ACTION, OBSERVATION = 0, 1, 2
 GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -136,9 +140,8 @@ def _system(content: Any, tools: list[dict], i: int) -> list[_Segment]:
 def _user(original: dict, sent: dict, i: int, observe: bool) -> list[_Segment]:
     kind = OBSERVATION if observe else IGNORE
     if original.get("role") == "tool":
-        prefix = TOOL_RESULT_PREFIX.format(name=original.get("name") or "the tool")
-        body = [_Segment(prefix, IGNORE, -1),
-                _Segment(str(original.get("content") or ""), kind, i)]
+        prefix, output = tool_result_parts(original)  # neutralised, as the server read them
+        body = [_Segment(prefix, IGNORE, -1), _Segment(str(output), kind, i)]
     else:
         body = [_Segment(str(sent["content"]), kind, i)]
     return [*body, _Segment(END + "\n", IGNORE, -1)]

@@ -14,6 +14,7 @@ discord.py already waits out 429 rate limits for all of them.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import os
 import re
@@ -37,32 +38,72 @@ _UNSAFE = re.compile(r"[^\w.-]+")  # \w is Unicode: letters of any script stay
 
 
 def split_reply(text: str, limit: int = LIMIT) -> list[str]:
-    """Chunks of at most ``limit`` characters, cut at line ends where possible.
-    A code block cut in two is closed at the end of one chunk and reopened, with
-    its language, at the start of the next."""
-    close = "\n```"
+    """Chunks of at most ``limit`` characters, cut at line ends where possible, each with
+    balanced code fences: a code block cut in two is closed at the end of one chunk and
+    reopened, with its language, at the start of the next; one left open is closed.
+
+    A fence is any ```` ``` ````, counted left to right as Discord and ``str.count`` do,
+    so a chunk's fences pair up when their count is even. No cut falls inside a fence
+    or an opening fence's language line, so each chunk counts exactly the fences of its
+    part of the text. Whitespace-only pieces are dropped (Discord refuses them).
+    """
+    if limit < 100:
+        raise ValueError(f"limit must be at least 100 characters, not {limit}")
+    text = text or "(empty reply)"
+    fences = [m.start() for m in re.finditer(_FENCE, text)]
+    spans = _fence_spans(text, fences)
     chunks: list[str] = []
-    fence = ""  # the opening fence line (e.g. ```py) while inside a code block
-    current = ""
-    for line in _pieces(text or "(empty reply)", limit - 2 * len(close) - 16):
-        reserve = len(close) if fence else 0
-        if current and len(current) + len(line) + reserve > limit:
-            chunks.append(current.rstrip("\n") + (close if fence else ""))
-            current = fence + "\n" if fence else ""
-        current += line
-        if line.lstrip().startswith("```"):
-            fence = "" if fence else line.strip()
-    if current.strip() and current.strip() != fence:
-        chunks.append(current.rstrip("\n"))
-    return chunks
+    start = 0
+    while start < len(text):
+        prefix = _reopen(text, fences, start) if _inside(fences, start) else ""
+        end = _cut(text, start, limit - len(prefix) - len(_CLOSE), spans)
+        body = text[start:end].rstrip()
+        chunk = prefix + body + (_CLOSE if _inside(fences, end) else "")
+        if chunk.strip():
+            chunks.append(chunk)
+        start = end
+    return chunks or ["(empty reply)"]
 
 
-def _pieces(text: str, width: int) -> list[str]:
-    """Lines with their newlines; a line longer than ``width`` is cut into parts."""
-    out = []
-    for line in text.splitlines(keepends=True):
-        out += [line[i:i + width] for i in range(0, len(line), width)]
-    return out
+_FENCE = "```"
+_CLOSE = "\n```"
+_LANGUAGE = re.compile(r"([A-Za-z0-9_+\-.#]{1,20})\r?\n")  # ```py, as Discord reads it
+
+
+def _inside(fences: list[int], position: int) -> bool:
+    """Whether ``position`` (never inside a fence) lies in an open code block."""
+    return bisect.bisect_left(fences, position) % 2 == 1
+
+
+def _reopen(text: str, fences: list[int], position: int) -> str:
+    """The opening fence, with its language, of the block open at ``position``."""
+    opening = fences[bisect.bisect_left(fences, position) - 1]
+    language = _LANGUAGE.match(text, opening + len(_FENCE))
+    return _FENCE + (language.group(1) if language else "") + "\n"
+
+
+def _fence_spans(text: str, fences: list[int]) -> list[tuple[int, int]]:
+    """Where no cut may fall: each fence, and an opening fence's language line with it."""
+    spans = []
+    for i, at in enumerate(fences):
+        language = _LANGUAGE.match(text, at + len(_FENCE)) if i % 2 == 0 else None
+        spans.append((at, language.end() if language else at + len(_FENCE)))
+    return spans
+
+
+def _cut(text: str, start: int, room: int, spans: list[tuple[int, int]]) -> int:
+    """Where the chunk from ``start`` ends: the text's end, else after the last newline or
+    space that fits, else at ``room``; moved off any fence span it falls inside."""
+    if len(text) - start <= room:
+        return len(text)
+    hard = start + room
+    end = text.rfind("\n", start, hard) + 1 or text.rfind(" ", start, hard) + 1 or hard
+    if end <= start:
+        end = hard
+    i = bisect.bisect_right(spans, (end, len(text))) - 1
+    if i >= 0 and spans[i][0] < end < spans[i][1]:
+        end = spans[i][0] if spans[i][0] > start else spans[i][1]
+    return end
 
 
 def human_size(size: int) -> str:

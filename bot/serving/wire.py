@@ -9,11 +9,17 @@ llama-cpp-python's ``chatml-function-calling`` format (checked with 0.3.36):
   answer comes back empty: the LLM client then asks again with ``tool_choice``
   ``none``, which renders the same conversation without the tool list.
 
+For every format, special-token text in the content (``<|im_end|>`` in a
+file the agent read) is neutralised first (``bot.serving.special_tokens``): the server
+tokenizes the prompt with special tokens on, and content must not forge turns.
+
 The store keeps the conversation in OpenAI's shape; this module only changes
 what goes over the wire, in one place, so the night can render it the same way.
 """
 
 from __future__ import annotations
+
+from bot.serving.special_tokens import neutralise_message
 
 FUNCTION_CALLING = "chatml-function-calling"
 TOOL_RESULT_PREFIX = "Result of {name}:\n"
@@ -21,15 +27,14 @@ TOOL_RESULT_PREFIX = "Result of {name}:\n"
 
 def server_messages(messages: list[dict], chat_format: str) -> list[dict]:
     """The request's messages for ``chat_format`` (a new list; inputs untouched)."""
+    messages = neutral_messages(messages)
     if chat_format != FUNCTION_CALLING:
         return messages
     out = []
     for message in messages:
         role = message.get("role")
         if role == "tool":
-            name = message.get("name") or "the tool"
-            out.append({"role": "user",
-                        "content": TOOL_RESULT_PREFIX.format(name=name) + (message.get("content") or "")})
+            out.append({"role": "user", "content": "".join(tool_result_parts(message))})
         elif role == "assistant":
             fixed = {"role": "assistant", "content": message.get("content") or ""}
             if message.get("tool_calls"):
@@ -38,6 +43,20 @@ def server_messages(messages: list[dict], chat_format: str) -> list[dict]:
         else:
             out.append(message)
     return out
+
+
+def neutral_messages(messages: list[dict]) -> list[dict]:
+    """Copies with special-token text neutralised and nothing else changed: for requests
+    without tools in any format (the night's JSON questions, the gate's prompts)."""
+    return [neutralise_message(m) for m in messages]
+
+
+def tool_result_parts(message: dict) -> tuple[str, str]:
+    """A tool message sent as a user message, in two parts: the ``Result of NAME:`` prefix
+    and the output, both neutralised; the server reads their concatenation."""
+    message = neutralise_message(message)  # idempotent: harmless on an already sent copy
+    return (TOOL_RESULT_PREFIX.format(name=message.get("name") or "the tool"),
+            message.get("content") or "")
 
 
 def needs_tool_choice(chat_format: str) -> bool:
