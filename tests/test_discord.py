@@ -15,7 +15,8 @@ from discord.ext.test import backend, callbacks
 
 from bot.discord_front.access import Origin, is_allowed, needs_mention
 from bot.discord_front.app import TURN_FAILED, NightshiftBot
-from bot.discord_front.render import human_size, safe_name, save_attachments, split_reply
+from bot.discord_front.render import safe_name, save_attachments, split_reply
+from tools.sizes import human_size
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - the fixture
     labels,
@@ -253,11 +254,11 @@ async def test_attachment_names_are_sanitised_and_oversized_ones_are_refused(tmp
                                     FakeAttachment("liar.bin", b"x" * 2048)], workspace,
                                    max_bytes=1024)
     assert notes[0] == "[attached: uploads/id_rsa.txt (3 B)]"
-    assert notes[1].startswith("[not saved: huge.bin (9.0 MB) is over the 1 KB limit")
+    assert notes[1].startswith("[not saved: huge.bin (9.0 MiB) is over the 1.0 KiB limit")
     assert notes[2].startswith("[not saved: liar.bin")  # its announced size lied
     assert sorted(p.name for p in (workspace.root / "uploads").iterdir()) == ["id_rsa.txt"]
     assert safe_name("...") == "file" and safe_name("résumé 2.pdf") == "résumé_2.pdf"
-    assert human_size(12 * 1024) == "12 KB"
+    assert human_size(12 * 1024) == "12.0 KiB" and human_size(3 * 2**30) == "3.0 GiB"
 
 
 async def test_files_the_agent_sends_are_uploaded_after_the_reply(discord_env):

@@ -44,7 +44,7 @@ def rel(ctx: ToolContext, path: Path) -> str:
     return Path(os.path.relpath(path, ctx.workspace.root.resolve())).as_posix()
 
 
-def lexical(ctx: ToolContext, path: str) -> Path:
+def resolve_no_follow(ctx: ToolContext, path: str) -> Path:
     """Like ``resolve``, but a link as the last component stays the link, not its target.
 
     Deleting a link must remove the link, never what it points to; a link
@@ -308,7 +308,7 @@ def delete(ctx: ToolContext, path: str) -> str:
     Args:
         path: What to delete, relative to your workspace.
     """
-    target = lexical(ctx, path)
+    target = resolve_no_follow(ctx, path)
     if target == ctx.workspace.root:
         raise ToolError("the workspace itself cannot be deleted; delete what is inside it")
     if not os.path.lexists(target):

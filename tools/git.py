@@ -37,7 +37,7 @@ import re
 
 from sandbox.process import ProcessResult
 from tools import ToolContext, ToolError, tool
-from tools.files import lexical, rel
+from tools.files import rel, resolve_no_follow
 from tools.programs import ProgramChanges, clip, run_program, workspace_in_sandbox
 
 GIT_TIMEOUT_S = 60
@@ -99,7 +99,7 @@ def _path(ctx: ToolContext, path: str) -> str:
     if path.startswith("-"):
         raise ToolError(f"refused path {path!r}: it starts with '-', which git would read as an "
                         f"option. Name files relative to your workspace, e.g. notes/a.txt")
-    target = lexical(ctx, path)
+    target = resolve_no_follow(ctx, path)
     return "." if target == ctx.workspace.root else rel(ctx, target)
 
 

@@ -13,7 +13,7 @@ import shutil
 from typing import Any
 
 from tools import ToolContext, tool
-from tools.media import human_size
+from tools.sizes import human_size
 
 MAX_JOBS_SHOWN = 20
 

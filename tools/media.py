@@ -28,6 +28,7 @@ import stat
 from pathlib import Path
 
 from tools import ToolContext, ToolError, ToolResult, tool, worker
+from tools.sizes import human_size
 
 MAX_PDF_PAGES = 10
 MAX_PDF_BYTES = 100 * 2**20
@@ -67,14 +68,6 @@ def read_workspace_file(ctx: ToolContext, path: str, limit: int, what: str) -> b
     """A regular file's bytes, opened without following links; ToolError when it is not one."""
     with os.fdopen(open_workspace_file(ctx, path, limit, what), "rb") as f:
         return f.read(limit + 1)[:limit]
-
-
-def human_size(n: int) -> str:
-    if n < 1024:
-        return f"{n} bytes"
-    if n < 2**20:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 2**20:.1f} MiB"
 
 
 # --- PDF ---

@@ -10,7 +10,7 @@ upload limit, so the agent hears "too large" now rather than after its turn.
 from __future__ import annotations
 
 from tools import ToolContext, ToolError, tool
-from tools.media import human_size
+from tools.sizes import human_size
 
 MAX_SEND_BYTES = 8 * 2**20
 

@@ -22,7 +22,7 @@ import stat
 import time
 
 from tools import ToolContext, ToolError, tool, worker
-from tools.files import existing, is_binary, lexical, open_dir, open_file, rel, scan
+from tools.files import existing, is_binary, open_dir, open_file, rel, resolve_no_follow, scan
 from tools.fsroot import DIR_FLAGS, FsRoot
 from tools.parsers import SKIPPED_DIRS, walk
 
@@ -108,7 +108,7 @@ def file_info(ctx: ToolContext, path: str) -> str:
     Args:
         path: The file, folder or link, relative to your workspace.
     """
-    target = lexical(ctx, path)
+    target = resolve_no_follow(ctx, path)
     fs, name = FsRoot(ctx.workspace.root), rel(ctx, target)
     st = fs.lstat(name)
     if st is None:

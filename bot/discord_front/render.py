@@ -25,6 +25,8 @@ from typing import Any
 
 import discord
 
+from tools.sizes import human_size
+
 logger = logging.getLogger("nightshift.discord")
 LIMIT = 2000
 MAX_ATTACHMENT_BYTES = 8 * 1024 * 1024  # per file the user sends us
@@ -104,14 +106,6 @@ def _cut(text: str, start: int, room: int, spans: list[tuple[int, int]]) -> int:
     if i >= 0 and spans[i][0] < end < spans[i][1]:
         end = spans[i][0] if spans[i][0] > start else spans[i][1]
     return end
-
-
-def human_size(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    if size < 1024 * 1024:
-        return f"{round(size / 1024)} KB"
-    return f"{size / (1024 * 1024):.1f} MB"
 
 
 # -- sending -----------------------------------------------------------------------
