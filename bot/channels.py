@@ -85,7 +85,13 @@ class ChannelWorkers:
         self._queue_size = queue_size
         self._queues: dict[str, asyncio.Queue[_Job]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+
+    def lock(self, channel: str) -> asyncio.Lock:
+        """Held by the channel's worker during each turn: anything else that writes the
+        channel's workspace or journal (an admin's /sys reset) takes it too."""
+        return self._locks.setdefault(channel, asyncio.Lock())
 
     def queue_sizes(self) -> dict[str, int]:
         return {channel: queue.qsize() for channel, queue in self._queues.items()}
@@ -115,7 +121,9 @@ class ChannelWorkers:
             job = await queue.get()
             try:
                 if not job.future.cancelled():
-                    job.future.set_result(await self._handle(channel, job.text, job.speaker))
+                    async with self.lock(channel):
+                        result = await self._handle(channel, job.text, job.speaker)
+                    job.future.set_result(result)
             except asyncio.CancelledError:
                 job.future.cancel()
                 raise

@@ -39,6 +39,13 @@ async def runtime(tmp_path, **night) -> Runtime:
                                llm=ScriptedLLM([]), start_server=False)
 
 
+def fake_trainer(job_id: int) -> subprocess.Popen:
+    """A process whose command line is a night's trainer for ``job_id`` (it only sleeps)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                             "-m", "trainer", "sleep", "--job", str(job_id)],
+                            start_new_session=True)
+
+
 def make_release(tmp_path, name="night-0001") -> tuple[str, dict]:
     release = tmp_path / "releases" / name
     release.mkdir(parents=True)
@@ -97,8 +104,8 @@ async def test_a_corrupt_release_is_refused_and_never_goes_live(tmp_path):
 async def test_single_gpu_stops_serving_while_training_and_restarts_after(tmp_path):
     rt = await runtime(tmp_path, single_gpu=True)
     try:
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         job = await rt.store.create_job("sleep", {})
+        sleeper = fake_trainer(job)
         await rt.store.update_job(job, state="training", pid=sleeper.pid)
         await rt.night.poll()
         assert rt.supervisor.stops == 1 and rt.night.server_paused
@@ -120,9 +127,8 @@ async def test_progress_reaches_listeners_once_per_change_and_wake_cancels(tmp_p
 
     rt.night.listeners.append(listener)
     try:
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                                   start_new_session=True)
         job = await rt.store.create_job("sleep", {})
+        sleeper = fake_trainer(job)
         await rt.store.update_job(job, state="judging", pid=sleeper.pid)
         await rt.night.poll()
         await rt.night.poll()
