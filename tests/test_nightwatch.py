@@ -29,6 +29,14 @@ class SwappingServer(FakeServer):
     async def start(self, **kw):
         self.starts += 1
 
+    async def pause(self):
+        self.paused = True
+        await self.stop()
+
+    async def resume(self):
+        await self.start()
+        self.paused = False
+
 
 async def runtime(tmp_path, **night) -> Runtime:
     config = Config()

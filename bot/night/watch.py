@@ -129,10 +129,10 @@ class NightWatch:
             return
         if job["state"] == "training" and self._paused_for is None:
             self._paused_for = job["id"]
-            await self.supervisor.stop()
+            await self.supervisor.pause()  # messages wait for the morning, with no timeout
         elif self._paused_for == job["id"] and job["state"] != "training":
             self._paused_for = None
-            await self.supervisor.start()
+            await self.supervisor.resume()
 
     async def _notify(self, job: dict) -> None:
         key = (job["state"], job["updated_at"])

@@ -88,6 +88,7 @@ class ServerSupervisor:
         self.port = port or config.server.port
         self.log_path = log_path or config.data_dir / "logs" / f"server-{self.port}.log"
         self.healthy = False
+        self.paused = False  # stopped on purpose (a single-GPU night): requests wait, no timeout
         self.restarts = 0
         self.last_restart_reason: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -154,6 +155,18 @@ class ServerSupervisor:
             await self._kill(hard=False)
 
     close = stop
+
+    async def pause(self) -> None:
+        """Stop the server for a while (a single-GPU night trains); clients wait for
+        ``resume`` however long it takes, instead of timing out."""
+        self.paused = True
+        await self.stop()
+
+    async def resume(self) -> None:
+        try:
+            await self.start()
+        finally:
+            self.paused = False  # a failed start is then an ordinary error for the clients
 
     async def restart(self, reason: str, *, hard: bool = False,
                       generation: int | None = None) -> None:
