@@ -175,7 +175,9 @@ class DiscordConfig(_Section):
     no_mention_channel_ids: list[int] = Field(
         default_factory=list, description="a list of channel ids that need no mention"
     )
-    allow_dms: bool = Field(True, description="true or false: answer direct messages")
+    allow_dms: bool = Field(
+        False, description="true or false: answer direct messages (they follow the allow lists)"
+    )
     command_prefix: str = Field("!", min_length=1, max_length=3, description="1-3 characters, e.g. !")
 
     @field_validator("token_env")

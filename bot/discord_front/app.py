@@ -32,6 +32,7 @@ from bot.discord_front.access import (
     channel_ids,
     channel_key,
     is_allowed,
+    member_role_ids,
     needs_mention,
     origin_of,
     strip_mentions,
@@ -147,7 +148,7 @@ class NightshiftBot(commands.Bot):
     async def on_message(self, message: discord.Message) -> None:
         if message.author.bot or self.user is None:  # other bots, and ourselves
             return
-        origin = origin_of(message.author, message.channel)
+        origin = origin_of(message.author, message.channel, self.guilds)
         if not is_allowed(self.rt.config, origin):
             return
         ctx = await self.get_context(message)
@@ -225,7 +226,10 @@ class NightshiftBot(commands.Bot):
         member = payload.member
         channel = self.get_channel(payload.channel_id)
         ids = channel_ids(channel) if channel is not None else frozenset({payload.channel_id})
-        roles = frozenset(role.id for role in member.roles) if member is not None else frozenset()
+        if payload.guild_id is None:  # a DM: the roles the user holds in our servers
+            roles = member_role_ids(payload.user_id, self.guilds)
+        else:
+            roles = frozenset(r.id for r in member.roles) if member is not None else frozenset()
         return Origin(payload.user_id, roles, ids, payload.guild_id is None)
 
 
