@@ -91,6 +91,7 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
     return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
             "sandbox": Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed),
             "notes": NoteStore(config.data_dir / "notes", embedder),
+            "shared_notes_channels": frozenset(config.agent.shared_notes_channels),
             "image_cache": config.data_dir / "images"}
 
 

@@ -205,6 +205,11 @@ class AgentConfig(_Section):
         default_factory=list,
         description="a list of tool names the agent may use (empty = every tool)",
     )
+    shared_notes_channels: list[str] = Field(
+        default_factory=list,
+        description="channel keys (a Discord channel id, a console name, dm-<user id>) whose "
+                    "agent may read and write the notes shared between channels",
+    )
     clear_scratch_after_turn: bool = Field(
         False, description="true to empty the workspace's scratch/ at the end of each turn"
     )
@@ -302,6 +307,18 @@ class TrainConfig(_Section):
 class SandboxConfig(_Section):
     allow_unsandboxed: bool = Field(
         False, description="true or false; true runs code without bubblewrap (unsafe)"
+    )
+    workspace_quota_mb: int = Field(
+        1024, ge=1, description="disk each channel's workspace may use, in MiB (>= 1)"
+    )
+    total_memory_mb: int = Field(
+        4096, ge=64, description="memory all sandboxed programs may use together, in MiB (>= 64)"
+    )
+    max_jobs_per_channel: int = Field(
+        2, ge=0, description="background Python jobs running at once in one channel (>= 0)"
+    )
+    max_jobs_total: int = Field(
+        4, ge=0, description="background Python jobs running at once over all channels (>= 0)"
     )
 
 
