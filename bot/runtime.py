@@ -24,6 +24,7 @@ from bot.storage.store import Store
 from sandbox.paths import workspace_for
 from tools import Registry, ToolContext, default_registry
 from sandbox.process import Sandbox
+from tools.jobs import JobSlots
 from tools.python_jobs import job_runner
 from tools.system import read_sys_section
 
@@ -92,6 +93,7 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
             "sandbox": Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed),
             "notes": NoteStore(config.data_dir / "notes", embedder),
             "shared_notes_channels": frozenset(config.agent.shared_notes_channels),
+            "job_slots": JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
             "image_cache": config.data_dir / "images"}
 
 
