@@ -16,6 +16,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from bot.serving import orphans
 from bot.serving.supervisor import ServerSupervisor
 from tests.fake_llama_server import FakeKind
@@ -25,10 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def gone(pid: int, within_s: float = 10.0) -> bool:
-    """True once ``pid`` has exited (a zombie has no command line either)."""
+    """True once ``pid`` has exited (a zombie, not reaped by init, counts as exited)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if orphans.cmdline(pid) is None:
+        if not orphans.running(pid):
             return True
         time.sleep(0.05)
     return False
@@ -40,17 +42,23 @@ def supervisor(tmp_path: Path, port: int) -> ServerSupervisor:
     return sup
 
 
-def test_a_bot_killed_with_sigkill_takes_its_server_with_it(tmp_path, free_port):
+def kill_a_bot_serving(tmp_path: Path, port: int, gguf: Path | None) -> int:
+    """Start a bot process whose supervisor serves ``gguf`` (the fake server if None),
+    SIGKILL it once the server is ready, and return the server's pid."""
+    make = (f"supervisor(Path({str(tmp_path)!r}), {port})" if gguf is None else
+            f"ServerSupervisor(make_config(Path({str(tmp_path)!r}), {port}), gguf=Path({str(gguf)!r}))")
     bot = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import asyncio, sys, time
-        from tests.test_server_orphans import supervisor
         from pathlib import Path
+        from bot.serving.supervisor import ServerSupervisor
+        from tests.test_server import make_config
+        from tests.test_server_orphans import supervisor
 
         async def main():
-            sup = supervisor(Path({str(tmp_path)!r}), {free_port})
+            sup = {make}
             await sup.start(watchdog=False)
             print(sup.pid, flush=True)
-            time.sleep(60)  # a bot, busy, until the SIGKILL
+            time.sleep(600)  # a bot, busy, until the SIGKILL
 
         asyncio.run(main())
         """)], cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True)
@@ -59,10 +67,28 @@ def test_a_bot_killed_with_sigkill_takes_its_server_with_it(tmp_path, free_port)
         assert orphans.cmdline(server) is not None
         os.kill(bot.pid, signal.SIGKILL)
         bot.wait()
-        assert gone(server), "the server outlived the bot that started it"
+        return server
     finally:
         bot.kill()
         bot.wait()
+
+
+def test_a_bot_killed_with_sigkill_takes_its_server_with_it(tmp_path, free_port):
+    server = kill_a_bot_serving(tmp_path, free_port, None)
+    assert gone(server), "the server outlived the bot that started it"
+
+
+@pytest.mark.slow
+async def test_after_a_crash_the_real_server_is_gone_and_the_next_start_succeeds(
+        tmp_path, free_port, served_gguf):
+    server = kill_a_bot_serving(tmp_path, free_port, served_gguf)
+    assert gone(server), "the llama.cpp server outlived the bot that started it"
+    sup = ServerSupervisor(make_config(tmp_path, free_port), gguf=served_gguf)
+    try:
+        await sup.start(watchdog=False)  # the port is free again
+        assert sup.ready
+    finally:
+        await sup.stop()
 
 
 async def test_a_stale_server_of_ours_is_stopped_at_start(tmp_path, free_port):

@@ -57,6 +57,26 @@ def cmdline(pid: int) -> list[str] | None:
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a] or None
 
 
+def running(pid: int) -> bool:
+    """True until the process has exited: gone, or a zombie whose every thread has exited
+    (its files, the port among them, are closed only when the last thread is gone).
+
+    Not ``cmdline``: the kernel empties a dying process's command line (its memory)
+    before it closes its files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X"):
+                    return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def record(pid_file: Path, pid: int, argv: list[str]) -> None:
     pid_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = pid_file.with_suffix(".tmp")
@@ -91,7 +111,7 @@ def stop_stale(pid_file: Path, wait_s: float = 10.0) -> int | None:
     except (ProcessLookupError, PermissionError):
         pass
     deadline = time.monotonic() + wait_s
-    while cmdline(pid) == argv and time.monotonic() < deadline:
-        time.sleep(0.05)  # its new parent (init) reaps it; the port is free after that
+    while running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until it has exited and closed its files (the port)
     forget(pid_file)
     return pid
