@@ -82,10 +82,19 @@ async def sys_show(rt: Runtime, channel: str) -> str:
     return section or "(this channel's editable system section is empty)"
 
 
-async def sys_reset(rt: Runtime, channel: str) -> str:
-    # Under the channel's lock: a turn running meanwhile writes the same journal.
-    async with rt.workers.lock(channel):
+async def sys_reset(rt: Runtime, channel: str, wait_s: float = 10.0) -> str:
+    # Under the channel's lock: a turn running meanwhile writes the same journal. A turn can
+    # last long (a single-GPU night makes it wait for the morning): then say so, not hang.
+    lock = rt.workers.lock(channel)
+    try:
+        await asyncio.wait_for(lock.acquire(), wait_s)
+    except TimeoutError:
+        return ("This channel is in the middle of a turn; nothing was reset. "
+                "Try again once it has answered.")
+    try:
         reset_sys_section(rt.spaces.context(channel))
+    finally:
+        lock.release()
     return "This channel's editable system section was reset (undo restores it)."
 
 

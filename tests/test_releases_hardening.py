@@ -183,6 +183,15 @@ async def test_sys_reset_waits_for_the_channels_turn(tmp_path):
         llm.release.set()
         await asyncio.wait_for(turn, 10)
         assert (await asyncio.wait_for(reset, 10)).startswith("This channel's editable")
+        llm.release.clear()
+        llm.script.append(say("done again"))
+        turn = asyncio.create_task(rt.turn("c1", "a long one"))
+        llm.entered.clear()
+        await asyncio.wait_for(llm.entered.wait(), 10)
+        busy = await admin.sys_reset(rt, "c1", wait_s=0.2)  # never hangs on a long turn
+        assert busy.startswith("This channel is in the middle of a turn")
+        llm.release.set()
+        await asyncio.wait_for(turn, 10)
     finally:
         await rt.close()
 
