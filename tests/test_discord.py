@@ -145,6 +145,25 @@ async def test_direct_messages_follow_the_allowed_roles_and_channels(discord_env
     assert [m.content for m in sent_messages()] == ["private hello"]
 
 
+async def test_a_dm_authors_roles_are_fetched_when_not_cached():
+    from types import SimpleNamespace
+
+    from bot.discord_front.app import fetch_role_ids
+
+    class Guild:
+        def __init__(self, members):
+            self.members = members
+
+        async def fetch_member(self, user_id):
+            if user_id not in self.members:
+                raise discord.NotFound(SimpleNamespace(status=404, reason="x"), "no member")
+            return SimpleNamespace(roles=[SimpleNamespace(id=r) for r in self.members[user_id]])
+
+    guilds = [Guild({2: [50]}), Guild({2: [60], 3: [70]})]
+    assert await fetch_role_ids(2, guilds) == {50, 60}
+    assert await fetch_role_ids(4, guilds) == set()
+
+
 def test_a_dm_authors_roles_come_from_the_servers_the_bot_shares(tmp_path):
     from types import SimpleNamespace
 

@@ -10,7 +10,8 @@ round the server's rules), and when on they follow the same rules as any
 channel: with ``allowed_channel_ids`` set, a DM is not one of those channels;
 with ``allowed_role_ids`` set, the user must hold such a role in a server the
 bot shares with them (a DM carries no roles, so the front end looks the
-member up: ``origin_of(..., guilds)``).
+member up: in the cache through ``origin_of(..., guilds)``, else by asking
+Discord, ``bot.discord_front.app.fetch_role_ids``).
 
 Nothing here touches the network, so every rule is tested with plain values.
 """
