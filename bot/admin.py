@@ -34,15 +34,16 @@ async def status(rt: Runtime) -> str:
 
 
 async def sleep(rt: Runtime, requested_by: str, channel: str) -> str:
-    """Record a night request. The night pipeline itself is a separate job runner."""
-    active = await rt.store.jobs("sleep", list(ACTIVE))
-    if active:
-        return f"A night is already {active[-1]['state']} (job #{active[-1]['id']})."
+    """Record a night request and launch its trainer. The check for a night already under
+    way and the new job are one transaction: two /sleeps at once start one night."""
     done = await rt.store.jobs("sleep", ["done"])
     since = done[-1]["updated_at"] if done else 0.0
+    job, running = await rt.store.create_exclusive_job(
+        "sleep", {"requested_by": requested_by, "channel": channel, "since": since,
+                  "requested_at": time.time()}, ACTIVE)
+    if running is not None:
+        return f"A night is already {running['state']} (job #{job})."
     episodes = await rt.store.episodes_since(since)
-    job = await rt.store.create_job("sleep", {"requested_by": requested_by, "channel": channel,
-                                              "since": since, "requested_at": time.time()})
     await rt.night.launch(job)
     when = "the start" if not since else time.strftime("%Y-%m-%d %H:%M", time.localtime(since))
     return (f"Going to sleep: night job #{job} over {len(episodes)} episodes since {when}.\n"
@@ -54,7 +55,7 @@ async def wake(rt: Runtime) -> str:
     active = await rt.store.jobs("sleep", list(ACTIVE))
     for job in active:
         await rt.store.update_job(job["id"], state="cancelled")
-        stop_trainer(job["pid"])
+        stop_trainer(job["pid"], job["id"])  # only if that pid is still this night's trainer
     if not active:
         return "No night is queued or running."
     return "Cancelled night job(s) " + ", ".join(f"#{j['id']}" for j in active) + "."
@@ -81,8 +82,19 @@ async def sys_show(rt: Runtime, channel: str) -> str:
     return section or "(this channel's editable system section is empty)"
 
 
-async def sys_reset(rt: Runtime, channel: str) -> str:
-    reset_sys_section(rt.spaces.context(channel))
+async def sys_reset(rt: Runtime, channel: str, wait_s: float = 10.0) -> str:
+    # Under the channel's lock: a turn running meanwhile writes the same journal. A turn can
+    # last long (a single-GPU night makes it wait for the morning): then say so, not hang.
+    lock = rt.workers.lock(channel)
+    try:
+        await asyncio.wait_for(lock.acquire(), wait_s)
+    except TimeoutError:
+        return ("This channel is in the middle of a turn; nothing was reset. "
+                "Try again once it has answered.")
+    try:
+        reset_sys_section(rt.spaces.context(channel))
+    finally:
+        lock.release()
     return "This channel's editable system section was reset (undo restores it)."
 
 

@@ -37,6 +37,8 @@ _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the rea
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
 SUMMARY_PREFIX = "Summary of the earlier conversation: "
+CUT_NOTE = ("(this reply was cut off: it reached the limit of {tokens} tokens per reply. "
+            "Ask me to continue.)")
 STRAY_QUESTION = ("Did you mean to end your turn? Answer yes if your last message is your "
                   "final answer, or no if you still have work to do.")
 STRAY_CONTINUE = "Then continue: do the remaining work now, using the tools."
@@ -99,13 +101,15 @@ def strip_reasoning(text: str) -> str:
 def history_messages(steps: list[StoredStep]) -> list[dict]:
     """Stored steps of earlier turns as chat messages, reasoning stripped.
 
-    System steps are skipped (each turn stores the system prompt it used), and a
-    leading tool observation whose call fell off the window is dropped, since a
-    tool message without its call is invalid chat.
+    System steps are skipped (each turn stores the system prompt it used), and so
+    is the stray end-of-turn probe (its question, answer and go-ahead are the
+    harness talking, stored for the night, not conversation). A leading tool
+    observation whose call fell off the window is dropped, since a tool message
+    without its call is invalid chat.
     """
     messages = []
     for step in steps:
-        if step.role == "system":
+        if step.role == "system" or (step.meta or {}).get("probe"):
             continue
         if step.role == "tool" and not messages:
             continue
@@ -119,8 +123,17 @@ def history_messages(steps: list[StoredStep]) -> list[dict]:
     return messages
 
 
+def text_of(content: str | list | None) -> str:
+    """A message's content as text: an image part (a vision turn) becomes a placeholder,
+    so its base64 never reaches a summary prompt or a length estimate."""
+    if not isinstance(content, list):
+        return content or ""
+    return " ".join(part.get("text", "") if part.get("type") == "text" else "[image]"
+                    for part in content if isinstance(part, dict))
+
+
 def estimate_tokens(messages: list[dict]) -> int:
-    chars = sum(len(m.get("content") or "") + len(json.dumps(m.get("tool_calls") or []))
+    chars = sum(len(text_of(m.get("content"))) + len(json.dumps(m.get("tool_calls") or []))
                 for m in messages)
     return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
 
@@ -211,8 +224,8 @@ class Agent:
     async def _stray(self, turn: _Turn, messages: list[dict], reply: Reply,
                      stored: StoredStep) -> bool:
         """True when a flagged answer was not meant to end the turn (asked once a turn)."""
-        if turn.asked or self.stray is None:
-            return False
+        if turn.asked or self.stray is None or reply.finish_reason == "length":
+            return False  # a reply cut at the limit did not choose to end; _answer says so
         reason = self.stray.flag(strip_reasoning(reply.content), turn.tool_rounds)
         if not reason:
             return False
@@ -222,7 +235,11 @@ class Agent:
     async def _answer(self, turn: _Turn, reply: Reply) -> TurnResult:
         await self._end_of_turn(turn.ctx)
         await self.store.end_episode(turn.episode, "complete")
-        return TurnResult(turn.channel, strip_reasoning(reply.content).strip(), turn.episode,
+        text = strip_reasoning(reply.content).strip()
+        if reply.finish_reason == "length":  # never delivered as if it were finished
+            text = (text + "\n\n" if text else "") + CUT_NOTE.format(
+                tokens=self.config.agent.max_reply_tokens)
+        return TurnResult(turn.channel, text, turn.episode,
                           ok=True, steps=turn.steps, files=_files(turn.ctx))
 
     async def _end_of_turn(self, ctx: Any) -> None:
@@ -339,7 +356,7 @@ class Agent:
         return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
 
     async def _summarise(self, old: list[dict]) -> str:
-        transcript = "\n".join(f"{m['role']}: {(m.get('content') or '')[:2000]}" for m in old)
+        transcript = "\n".join(f"{m['role']}: {text_of(m.get('content'))[:2000]}" for m in old)
         prompt = [{"role": "system", "content": "You summarise conversations faithfully."},
                   {"role": "user", "content": "Summarise this conversation in a few sentences, "
                    "keeping facts, file names, decisions and open tasks:\n\n" + transcript}]

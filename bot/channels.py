@@ -39,16 +39,32 @@ class StrayDetector(Protocol):
         """Why ``reply`` looks like an unintended end of turn, or None."""
 
 
+# A promise is the last sentence announcing work: "I'll write the file now."
 _PROMISE = re.compile(
-    r"(^|[.!?]\s+|\n)\s*(I'll|I will|I am going to|I'm going to|Let me|Now I will|Next,? I will)\b",
+    r"^(?:(?:now|next|ok(?:ay)?|so|first|then),?\s+)*"
+    r"(?:I'll|I will|I am going to|I'm going to|Let me|Let's)\s+(?:now\s+|just\s+|then\s+)?(\w+)",
     re.IGNORECASE)
+# ...but not courtesy ("Let me know if...", "I'll be here", "I'll wait for your answer").
+_NOT_WORK = {"know", "be", "wait", "keep", "remember", "hope", "leave", "stay", "stop", "end"}
+# ...nor an offer that waits for the user: "I'll add tests if you want."
+_OFFER = re.compile(r"\b(?:if|when|once|whenever|should)\s+you\b|\bif (?:needed|you'd)\b",
+                    re.IGNORECASE)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _CLAIM = re.compile(
     r"\bI(?: have|'ve)\s+(?:now\s+)?(created|written|saved|run|executed|updated|deleted|edited)\b",
     re.IGNORECASE)
 
 
+def last_sentence(text: str) -> str:
+    sentences = [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
+    return sentences[-1] if sentences else ""
+
+
 class RuleStrayDetector:
-    """Rule-based first version; a learned classifier can replace it behind the Protocol."""
+    """Rule-based first version; a learned classifier can replace it behind the Protocol.
+
+    Only how the reply ends counts: a reply that promised work mid-way and then
+    ended politely ("Let me know if you need anything else.") is an ordinary ending."""
 
     def flag(self, reply: str, tool_steps: int) -> str | None:
         text = reply.strip()
@@ -56,8 +72,10 @@ class RuleStrayDetector:
             return None
         if text.endswith(":"):
             return "ends on a colon"
-        tail = text[-300:]
-        if _PROMISE.search(tail) and not tail.rstrip().endswith("?"):
+        last = last_sentence(text)
+        promise = _PROMISE.match(last)
+        if (promise and promise.group(1).lower() not in _NOT_WORK and not last.endswith("?")
+                and not _OFFER.search(last)):
             return "promises work it has not done"
         if tool_steps == 0 and _CLAIM.search(text):
             return "announces work it did not do (no tool was called)"
@@ -85,7 +103,13 @@ class ChannelWorkers:
         self._queue_size = queue_size
         self._queues: dict[str, asyncio.Queue[_Job]] = {}
         self._tasks: dict[str, asyncio.Task] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
+
+    def lock(self, channel: str) -> asyncio.Lock:
+        """Held by the channel's worker during each turn: anything else that writes the
+        channel's workspace or journal (an admin's /sys reset) takes it too."""
+        return self._locks.setdefault(channel, asyncio.Lock())
 
     def queue_sizes(self) -> dict[str, int]:
         return {channel: queue.qsize() for channel, queue in self._queues.items()}
@@ -115,7 +139,9 @@ class ChannelWorkers:
             job = await queue.get()
             try:
                 if not job.future.cancelled():
-                    job.future.set_result(await self._handle(channel, job.text, job.speaker))
+                    async with self.lock(channel):
+                        result = await self._handle(channel, job.text, job.speaker)
+                    job.future.set_result(result)
             except asyncio.CancelledError:
                 job.future.cancel()
                 raise

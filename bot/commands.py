@@ -96,7 +96,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("wake", "cancel a queued or running night", lambda rt, c: admin.wake(rt)),
     Command("promote", "serve a candidate release (the newest if no id is given)",
             lambda rt, c, release_id=None: admin.promote(rt, release_id), (_RELEASE,)),
-    Command("rollback", "serve an earlier release again (the newest retired if no id)",
+    Command("rollback", "serve the release that served before (or the one named)",
             lambda rt, c, release_id=None: admin.rollback(rt, release_id), (_RELEASE,)),
     Command("label", "label an episode for the night",
             lambda rt, c, episode_id, label: admin.label(rt, episode_id, label, "admin"),

@@ -23,7 +23,9 @@ from bot.serving.supervisor import ServerSupervisor
 from bot.storage.store import Store
 from sandbox.paths import workspace_for
 from tools import Registry, ToolContext, default_registry
-from sandbox.process import Sandbox
+from sandbox.process import Limits, Sandbox
+from sandbox.shared_limits import MemoryBudget
+from tools.jobs import JobSlots
 from tools.python_jobs import job_runner
 from tools.system import read_sys_section
 
@@ -77,6 +79,16 @@ def _registry(config: Config) -> Registry:
     return chosen
 
 
+def _sandbox(config: Config) -> Sandbox:
+    """One sandbox for every channel: the workspace quota and the memory of all runs
+    together are its limits (``sandbox.shared_limits``)."""
+    limits = Limits(workspace_mb=config.sandbox.workspace_quota_mb)
+    memory = MemoryBudget(config.sandbox.total_memory_mb)
+    logger.info("sandbox memory: %d MiB in all (%s)", memory.total_mb, memory.kind)
+    return Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed, limits=limits,
+                   memory=memory)
+
+
 def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
     """What the tools may use beyond their workspace; loaded once, shared by channels."""
     from bot.storage.embedder import MiniLMEmbedder
@@ -89,8 +101,11 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
                 "restarts": supervisor.restarts}
 
     return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
-            "sandbox": Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed),
+            "sandbox": _sandbox(config),
+            "workspace_quota_bytes": config.sandbox.workspace_quota_mb << 20,
             "notes": NoteStore(config.data_dir / "notes", embedder),
+            "shared_notes_channels": frozenset(config.agent.shared_notes_channels),
+            "job_slots": JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
             "image_cache": config.data_dir / "images"}
 
 

@@ -41,10 +41,10 @@ Not covered:
 
 - The kernel. There is no seccomp filter: every system call except making
   user namespaces reaches the kernel, so a kernel bug is an escape.
-- Total memory: RLIMIT_AS bounds each process, so the worst case is
-  processes x address space, plus the two tmpfs. There is no cgroup.
-- Disk: RLIMIT_FSIZE bounds each file, not their number; a program can
-  fill the disk that holds the workspace.
+- Total memory and disk are bounded in ``sandbox.shared_limits``: a memory
+  cgroup for all runs where the machine has one (else a budget of runs), and
+  a workspace quota watched while a program runs. Without the cgroup, a run's
+  children are bounded only by their own RLIMIT_AS.
 - Total CPU: RLIMIT_CPU is per process; only the timeout bounds the sum.
 - RLIMIT_NPROC counts every process of the uid, so each run gets the uid's
   current count plus ``Limits.processes``, and runs of several channels
@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import resource
 import shutil
@@ -87,6 +88,7 @@ from sandbox.bwrap import (
     setup_user,
 )
 from sandbox.paths import MOUNT_POINT, Workspace
+from sandbox.shared_limits import MemoryBudget, over_quota_message, usage_bytes
 
 __all__ = ["Limits", "ProcessResult", "Sandbox", "SandboxUnavailable", "find_bwrap",
            "setup_user", "unsandboxed_warning", "warning"]
@@ -108,6 +110,7 @@ class Limits:
     output_bytes: int = _MIB  # kept of stdout, and of stderr
     timeout_s: float = 30.0  # wall clock, then the whole sandbox is killed
     tmp_mb: int = 64  # each of the private tmpfs /tmp and /dev/shm
+    workspace_mb: int | None = None  # the workspace's disk quota, watched during a run
 
 
 @dataclass
@@ -159,9 +162,11 @@ class _Launch:
 class Sandbox:
     """Runs programs in workspaces: sandboxed by bwrap, or refused when bwrap is missing."""
 
-    def __init__(self, allow_unsandboxed: bool = False, limits: Limits = Limits()) -> None:
+    def __init__(self, allow_unsandboxed: bool = False, limits: Limits = Limits(),
+                 memory: MemoryBudget | None = None) -> None:
         self.allow_unsandboxed = allow_unsandboxed
         self.limits = limits
+        self.memory = memory  # shared by every channel's runs (and by copies of this box)
         self.bwrap = find_bwrap()
         self._user: tuple[int, int] | None = None  # the sandbox user's ids, once set up
 
@@ -186,6 +191,17 @@ class Sandbox:
         timeout = self.limits.timeout_s if timeout_s is None else timeout_s
         launch = await self._launch(list(argv), workspace, env or {})
         started = time.monotonic()
+        reserve = (self.memory.reserve(self.limits.address_space_mb) if self.memory
+                   else contextlib.nullcontext(True))
+        async with reserve as granted:
+            if not granted:
+                launch.close()
+                return self._result(125, "", self.memory.busy_message(), False, False, started)
+            return await self._run(launch, argv, workspace, stdin, timeout, started)
+
+    async def _run(self, launch: _Launch, argv: list[str], workspace: Workspace,
+                   stdin: str | None, timeout: float, started: float) -> ProcessResult:
+        cgroup = self.memory.cgroup_procs if self.memory else None
         try:
             proc = await asyncio.create_subprocess_exec(
                 *launch.argv, cwd=launch.cwd, env=launch.env, pass_fds=launch.fds,
@@ -193,19 +209,26 @@ class Sandbox:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # one process group to kill on timeout
                 # Python code between fork and exec: keep it to setrlimit calls.
-                preexec_fn=_rlimits(self.limits, launch.nproc),
+                preexec_fn=_rlimits(self.limits, launch.nproc, cgroup),
             )
         except OSError as exc:  # e.g. no such program (unsandboxed mode)
             return self._result(127, "", f"cannot start {argv[0]!r}: {exc}", False, False, started)
         finally:
             launch.close()
+        watch = (asyncio.create_task(_watch_disk(proc, workspace.root, self.limits.workspace_mb))
+                 if self.limits.workspace_mb else None)
         try:
             out, err, timed_out = await _collect(proc, stdin, timeout, self.limits.output_bytes)
         finally:
             if proc.returncode is None:  # cancelled, or timed out: take everything down
                 _kill_group(proc)
+            if watch is not None:
+                watch.cancel()
         returncode = await proc.wait()
-        return self._result(returncode, out.decode(), err.decode(), timed_out,
+        stderr = err.decode()
+        if watch is not None and watch.done() and not watch.cancelled() and watch.result():
+            stderr += f"\n[stopped: {watch.result()}]"
+        return self._result(returncode, out.decode(), stderr, timed_out,
                             out.truncated or err.truncated, started)
 
     def run_sync(self, argv: list[str], workspace: Workspace, **kwargs) -> ProcessResult:
@@ -348,8 +371,24 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-def _rlimits(limits: Limits, nproc: int):
-    """The function the child runs before exec: set the rlimits, nothing else."""
+async def _watch_disk(proc: asyncio.subprocess.Process, root: Path, quota_mb: int) -> str:
+    """Stop ``proc`` once the workspace grows past its quota (or, if it started over the
+    quota, past where it started: a program that deletes files may still run)."""
+    quota = quota_mb * _MIB
+    start = await asyncio.to_thread(usage_bytes, root)
+    while True:
+        began = time.monotonic()
+        used = await asyncio.to_thread(usage_bytes, root)
+        if used > max(quota, start):
+            _kill_group(proc)
+            return over_quota_message(used, quota)
+        # A large workspace takes a while to walk: poll less often rather than spin a core.
+        await asyncio.sleep(max(0.25, 4 * (time.monotonic() - began)))
+
+
+def _rlimits(limits: Limits, nproc: int, cgroup_procs: Path | None = None):
+    """The function the child runs before exec: set the rlimits and join the memory
+    cgroup (descendants inherit it), nothing else."""
     wanted = {
         resource.RLIMIT_CPU: (limits.cpu_s, limits.cpu_s + 1),
         resource.RLIMIT_AS: (limits.address_space_mb * _MIB,) * 2,
@@ -368,6 +407,13 @@ def _rlimits(limits: Limits, nproc: int):
     def apply() -> None:
         for which, value in pairs:
             resource.setrlimit(which, value)
+        if cgroup_procs is not None:
+            try:
+                fd = os.open(cgroup_procs, os.O_WRONLY)
+                os.write(fd, b"0")  # "0": the writing process itself
+                os.close(fd)
+            except OSError:
+                pass  # removed meanwhile: the rlimits still hold
 
     return apply
 

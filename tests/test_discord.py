@@ -92,6 +92,7 @@ async def test_other_bots_and_the_bot_itself_are_ignored(discord_env):
 
 async def test_a_direct_message_is_answered_in_a_channel_keyed_by_the_user(discord_env):
     h = await discord_env(replying("private hello"))
+    h.rt.config.discord.allow_dms = True
     dm = await h.bob.create_dm()
     await dpytest.message("hi in private", channel=dm, member=h.bob)  # no mention needed
     assert [m.content for m in sent_messages()] == ["private hello"]
@@ -103,7 +104,8 @@ async def test_a_direct_message_is_answered_in_a_channel_keyed_by_the_user(disco
 
 def test_the_access_policy_follows_allow_and_block_lists(tmp_path):
     config = make_config(tmp_path, admin_user_ids=[1], allowed_role_ids=[50],
-                         blocked_channel_ids=[900], no_mention_channel_ids=[800])
+                         blocked_channel_ids=[900], no_mention_channel_ids=[800],
+                         allow_dms=True)
     member = Origin(2, frozenset({50}), frozenset({700}), is_dm=False)
     assert is_allowed(config, member)
     assert not is_allowed(config, Origin(3, frozenset(), frozenset({700}), False))
@@ -112,9 +114,68 @@ def test_the_access_policy_follows_allow_and_block_lists(tmp_path):
     thread = Origin(2, frozenset({50}), frozenset({12, 800}), False)  # a thread in #800
     assert needs_mention(config, member) and not needs_mention(config, thread)
     assert not needs_mention(config, Origin(2, frozenset(), frozenset({5}), is_dm=True))
+    assert is_allowed(config, Origin(2, frozenset({50}), frozenset({5}), is_dm=True))
     config.discord.allow_dms = False
     assert not is_allowed(config, Origin(2, frozenset(), frozenset({5}), is_dm=True))
     assert is_allowed(config, Origin(1, frozenset(), frozenset({5}), is_dm=True))
+
+
+async def test_direct_messages_are_off_by_default(discord_env):
+    h = await discord_env(replying("private hello"))
+    dm = await h.bob.create_dm()
+    await dpytest.message("hi in private", channel=dm, member=h.bob)
+    assert sent_messages() == [] and h.llm.calls == []
+
+
+async def test_direct_messages_follow_the_allowed_roles_and_channels(discord_env):
+    """A stranger without the role gets no answer in a DM either (issue 11, part 2)."""
+    h = await discord_env(replying("private hello"))
+    d = h.rt.config.discord
+    d.allow_dms = True
+    helpers = backend.make_role("helpers", h.general.guild)
+    dave = make_member("dave", h.general.guild, roles=[helpers])
+    d.allowed_role_ids = [helpers.id]
+    await dpytest.message("hi", channel=await h.bob.create_dm(), member=h.bob)  # no role
+    assert sent_messages() == [] and h.llm.calls == []
+    await dpytest.message("hi", channel=await dave.create_dm(), member=dave)  # has it
+    assert [m.content for m in sent_messages()] == ["private hello"]
+    d.allowed_role_ids, d.allowed_channel_ids = [], [h.general.id]
+    await dpytest.message("hi", channel=await dave.create_dm(), member=dave)  # not a channel
+    assert sent_messages() == [] and len(h.llm.calls) == 1
+    await dpytest.message("hi", channel=await h.alice.create_dm(), member=h.alice)  # an admin
+    assert [m.content for m in sent_messages()] == ["private hello"]
+
+
+async def test_a_dm_authors_roles_are_fetched_when_not_cached():
+    from types import SimpleNamespace
+
+    from bot.discord_front.app import fetch_role_ids
+
+    class Guild:
+        def __init__(self, members):
+            self.members = members
+
+        async def fetch_member(self, user_id):
+            if user_id not in self.members:
+                raise discord.NotFound(SimpleNamespace(status=404, reason="x"), "no member")
+            return SimpleNamespace(roles=[SimpleNamespace(id=r) for r in self.members[user_id]])
+
+    guilds = [Guild({2: [50]}), Guild({2: [60], 3: [70]})]
+    assert await fetch_role_ids(2, guilds) == {50, 60}
+    assert await fetch_role_ids(4, guilds) == set()
+
+
+def test_a_dm_authors_roles_come_from_the_servers_the_bot_shares(tmp_path):
+    from types import SimpleNamespace
+
+    from bot.discord_front.access import origin_of
+
+    member = SimpleNamespace(roles=[SimpleNamespace(id=50)])
+    guilds = [SimpleNamespace(get_member=lambda uid: member if uid == 2 else None)]
+    user = SimpleNamespace(id=2)  # a DM's author is a plain User: no roles of its own
+    origin = origin_of(user, SimpleNamespace(id=5, guild=None), guilds)
+    assert origin.is_dm and origin.role_ids == {50}
+    assert origin_of(SimpleNamespace(id=3), SimpleNamespace(id=5, guild=None), guilds).role_ids == set()
 
 
 # -- replies ---------------------------------------------------------------------------

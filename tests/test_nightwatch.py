@@ -29,6 +29,14 @@ class SwappingServer(FakeServer):
     async def start(self, **kw):
         self.starts += 1
 
+    async def pause(self):
+        self.paused = True
+        await self.stop()
+
+    async def resume(self):
+        await self.start()
+        self.paused = False
+
 
 async def runtime(tmp_path, **night) -> Runtime:
     config = Config()
@@ -37,6 +45,13 @@ async def runtime(tmp_path, **night) -> Runtime:
         setattr(config.night, key, value)
     return await Runtime.start(config, supervisor=SwappingServer(tmp_path / "base.gguf"),
                                llm=ScriptedLLM([]), start_server=False)
+
+
+def fake_trainer(job_id: int) -> subprocess.Popen:
+    """A process whose command line is a night's trainer for ``job_id`` (it only sleeps)."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                             "-m", "trainer", "sleep", "--job", str(job_id)],
+                            start_new_session=True)
 
 
 def make_release(tmp_path, name="night-0001") -> tuple[str, dict]:
@@ -97,8 +112,8 @@ async def test_a_corrupt_release_is_refused_and_never_goes_live(tmp_path):
 async def test_single_gpu_stops_serving_while_training_and_restarts_after(tmp_path):
     rt = await runtime(tmp_path, single_gpu=True)
     try:
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
         job = await rt.store.create_job("sleep", {})
+        sleeper = fake_trainer(job)
         await rt.store.update_job(job, state="training", pid=sleeper.pid)
         await rt.night.poll()
         assert rt.supervisor.stops == 1 and rt.night.server_paused
@@ -120,9 +135,8 @@ async def test_progress_reaches_listeners_once_per_change_and_wake_cancels(tmp_p
 
     rt.night.listeners.append(listener)
     try:
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                                   start_new_session=True)
         job = await rt.store.create_job("sleep", {})
+        sleeper = fake_trainer(job)
         await rt.store.update_job(job, state="judging", pid=sleeper.pid)
         await rt.night.poll()
         await rt.night.poll()

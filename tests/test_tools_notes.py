@@ -70,8 +70,9 @@ async def test_search_finds_the_semantically_nearest_note(tmp_path, store):
 
 
 async def test_shared_notes_are_visible_from_other_channels_but_channel_notes_are_not(tmp_path, store):
-    alpha = context(tmp_path, "alpha", notes=store)
-    beta = context(tmp_path, "beta", notes=store)
+    both = {"alpha", "beta"}  # both opted in to shared notes
+    alpha = context(tmp_path, "alpha", notes=store, shared_notes_channels=both)
+    beta = context(tmp_path, "beta", notes=store, shared_notes_channels=both)
     await ok(alpha, "note_create", title="secret plan", text="Alpha's private plan about dogs.")
     await ok(alpha, "note_create", title="team rule", text="Always run the tests before merging.",
              shared=True)
@@ -82,6 +83,21 @@ async def test_shared_notes_are_visible_from_other_channels_but_channel_notes_ar
     assert "private plan" not in found
     assert "run the tests" in found
     assert store.search("beta", "tests", include_shared=False) == []
+
+
+async def test_shared_notes_are_opt_in_per_channel(tmp_path, store):
+    """Issue 11, part 2: a channel (or a DM) that did not opt in neither reads nor writes them."""
+    alpha = context(tmp_path, "alpha", notes=store, shared_notes_channels={"alpha"})
+    stranger = context(tmp_path, "dm-42", notes=store, shared_notes_channels={"alpha"})
+    await ok(alpha, "note_create", title="team rule", text="Deploy keys are in vault 7.",
+             shared=True)
+    assert "no notes" in await ok(stranger, "note_list")
+    assert "no notes" in await ok(stranger, "note_search", query="deploy keys vault")
+    message = await refused(stranger, "note_create", title="x", text="planted", shared=True)
+    assert "shared notes are off" in message
+    shared_id = store.list("alpha")[0]["id"]
+    assert "no note" in await refused(stranger, "note_delete", note_id=shared_id)
+    assert "team rule" in await ok(alpha, "note_list")
 
 
 async def test_delete_removes_a_note_and_unknown_ids_are_refused(tmp_path, store):
@@ -95,7 +111,7 @@ async def test_delete_removes_a_note_and_unknown_ids_are_refused(tmp_path, store
 
 async def test_only_the_writing_channel_may_delete_a_shared_note(tmp_path, store):
     note_id = store.add("alpha", "Deploys happen on Fridays.", title="deploys", shared=True)
-    beta = context(tmp_path, "beta", notes=store)
+    beta = context(tmp_path, "beta", notes=store, shared_notes_channels={"alpha", "beta"})
     message = await refused(beta, "note_delete", note_id=note_id)
     assert "another channel" in message
     assert store.delete("alpha", note_id) is True

@@ -94,7 +94,8 @@ class ToolContext:
 
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        journal = Journal(state_dir, workspace.root)
+        # The workspace's disk quota (bytes), if the bot set one: the journal refuses writes past it.
+        journal = Journal(state_dir, workspace.root, quota_bytes=services.get("workspace_quota_bytes"))
         known = {k: services.pop(k) for k in ("send_file", "status", "embedder") if k in services}
         return cls(channel, workspace, journal, state_dir, services=services, **known)
 

@@ -58,13 +58,41 @@ _LAUNCH = 'exec python3 -u "$1" >"$2" 2>"$3"'
 _SETTLE_S = 0.2
 
 
+class JobSlots:
+    """Caps on the jobs running at once, per channel and over all channels together.
+
+    One instance is shared by every channel's runner (``ctx.services["job_slots"]``):
+    without it, each channel could start jobs until the machine gave out."""
+
+    def __init__(self, per_channel: int, total: int) -> None:
+        self.per_channel, self.total = per_channel, total
+        self._running: dict[str, set[str]] = {}  # runner owner -> its running job ids
+
+    def take(self, owner: str, job_id: str) -> None:
+        """Reserve a slot for a job, or raise ToolError saying which cap is reached."""
+        mine = self._running.get(owner, set())
+        if len(mine) >= self.per_channel:
+            raise ToolError(f"{len(mine)} jobs already run in this channel, the most allowed "
+                            f"at once ({self.per_channel}); wait for one (job_poll) or stop one "
+                            "(job_stop) first")
+        if sum(map(len, self._running.values())) >= self.total:
+            raise ToolError(f"{self.total} jobs already run over all channels, the most "
+                            "allowed at once; try again later, or use run_python for short work")
+        self._running.setdefault(owner, set()).add(job_id)
+
+    def give_back(self, owner: str, job_id: str) -> None:
+        self._running.get(owner, set()).discard(job_id)
+
+
 class JobRunner:
     """Starts, watches, stops and remembers one channel's background jobs."""
 
-    def __init__(self, workspace: Workspace, state_dir: Path, sandbox: Sandbox) -> None:
+    def __init__(self, workspace: Workspace, state_dir: Path, sandbox: Sandbox,
+                 slots: JobSlots | None = None) -> None:
         self.workspace = workspace
         self.path = Path(state_dir) / JOBS_FILE
         self.sandbox = sandbox
+        self.slots = slots
         self.owner = secrets.token_hex(8)
         self._tasks: dict[str, asyncio.Task] = {}
         self._stopping: set[str] = set()
@@ -77,12 +105,18 @@ class JobRunner:
         check_available(self.sandbox)
         data = self._load()
         job_id = f"j{data['next_id']}"
-        data["next_id"] += 1
-        folder = f"{JOBS_DIR}/{job_id}"
-        fs = FsRoot(self.workspace.root)
-        fs.write(f"{folder}/main.py", code.encode("utf-8"), parents=True)
-        for name in ("stdout.txt", "stderr.txt"):  # empty until the program writes
-            fs.write(f"{folder}/{name}", b"")
+        if self.slots is not None:
+            self.slots.take(self.owner, job_id)
+        try:
+            data["next_id"] += 1
+            folder = f"{JOBS_DIR}/{job_id}"
+            fs = FsRoot(self.workspace.root)
+            fs.write(f"{folder}/main.py", code.encode("utf-8"), parents=True)
+            for name in ("stdout.txt", "stderr.txt"):  # empty until the program writes
+                fs.write(f"{folder}/{name}", b"")
+        except BaseException:
+            self._give_back(job_id)
+            raise
         record = {"id": job_id, "state": "running", "started": time.time(), "ended": None,
                   "timeout_s": timeout_s, "exit_code": None, "note": "", "folder": folder,
                   "owner": self.owner}
@@ -91,8 +125,12 @@ class JobRunner:
         task = asyncio.get_running_loop().create_task(self._run(job_id, folder, timeout_s),
                                                       name=f"job {job_id}")
         self._tasks[job_id] = task
-        task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+        task.add_done_callback(lambda _t: (self._tasks.pop(job_id, None), self._give_back(job_id)))
         return record
+
+    def _give_back(self, job_id: str) -> None:
+        if self.slots is not None:
+            self.slots.give_back(self.owner, job_id)
 
     def get(self, job_id: str) -> dict[str, Any]:
         record = self._load()["jobs"].get(job_id)
@@ -130,6 +168,9 @@ class JobRunner:
         task.cancel()
         await asyncio.wait({task}, timeout=10)
         await asyncio.sleep(_SETTLE_S)
+        if task.done() and self.get(job_id)["state"] == "running":
+            # Cancelled before its first step: _run never ran to record the stop.
+            self._finish(job_id, "stopped", None, "stopped by job_stop")
         return self.get(job_id)
 
     async def close(self) -> None:

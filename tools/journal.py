@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from sandbox.shared_limits import over_quota_message, usage_bytes
 from tools import ToolError
 from tools.fsroot import FsRoot, atomic_write
 
@@ -82,7 +83,8 @@ class Journal:
     """One channel's change history; every method reads its state from disk first."""
 
     def __init__(self, state_dir: Path, workspace_root: Path, *, keep: int = 500,
-                 max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES) -> None:
+                 max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+                 quota_bytes: int | None = None) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.root = Path(workspace_root).resolve()
         if self.state_dir == self.root or self.root in self.state_dir.parents:
@@ -91,6 +93,7 @@ class Journal:
         self._fs = {WORKSPACE: FsRoot(self.root), STATE: FsRoot(self.state_dir)}
         self.keep = keep
         self.max_snapshot_bytes = max_snapshot_bytes
+        self.quota_bytes = quota_bytes  # the workspace's disk quota; writes past it are refused
         (self.dir / "entries").mkdir(parents=True, exist_ok=True)
         (self.dir / "blobs").mkdir(exist_ok=True)
 
@@ -326,6 +329,7 @@ class Transaction:
         self._before: dict[Key, State] = {}
         self._tops: list[Key] = []
         self._budget = [journal.max_snapshot_bytes]
+        self._used: int | None = None  # the workspace's usage, measured at the first write
 
     def touch(self, path: Path) -> Key:
         """Snapshot ``path`` (and its subtree) before the caller changes it; returns its key.
@@ -345,9 +349,27 @@ class Transaction:
         return key
 
     def write(self, path: Path, data: bytes) -> None:
-        """Write a file (creating missing folders), recorded."""
+        """Write a file (creating missing folders), recorded; refused past the quota."""
+        self._check_quota(path, len(data))
         root, rel = self.touch(path)
         self.journal._fs[root].write(rel, data, parents=True)
+
+    def _check_quota(self, path: Path, size: int) -> None:
+        quota = self.journal.quota_bytes
+        root, _ = self.journal._key(path)
+        if quota is None or root != WORKSPACE:
+            return
+        if self._used is None:
+            self._used = usage_bytes(self.journal.root)
+        try:
+            info = os.lstat(path)
+            old = info.st_blocks * 512 if stat.S_ISREG(info.st_mode) else 0
+        except OSError:
+            old = 0
+        after = self._used - old + size
+        if size > old and after > quota:
+            raise ToolError(over_quota_message(after, quota))
+        self._used = after
 
     def mkdir(self, path: Path) -> None:
         """Create a folder and any missing parents, recorded."""

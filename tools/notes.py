@@ -7,8 +7,12 @@ that every channel reads. Embeddings always come from the injected embedder
 model from the internet. A note is embedded as its title and text together,
 so a search matches either; the text alone is stored as the document.
 
-Shared notes remember which channel wrote them: only that channel may delete
-one, so one channel's agent cannot wipe what others rely on. ``clean``
+Shared notes are opt-in per channel: only channels listed in
+``ctx.services["shared_notes_channels"]`` (``agent.shared_notes_channels``)
+read, write or delete them; every other channel, DMs included, sees only its
+own notes, so nothing leaks between channels by default. Shared notes
+remember which channel wrote them: only that channel may delete one, so one
+channel's agent cannot wipe what others rely on. ``clean``
 (the admin's ``/notes-clean``) removes a channel's notes, shared ones it
 wrote included.
 
@@ -58,7 +62,7 @@ class NoteStore:
                                               metadatas=[meta], embeddings=embedding)
         return note_id
 
-    def delete(self, channel: str, note_id: str) -> bool:
+    def delete(self, channel: str, note_id: str, include_shared: bool = True) -> bool:
         """Delete one of the channel's notes, or a shared note it wrote.
 
         Returns False when no such note is visible to the channel; raises
@@ -68,6 +72,8 @@ class NoteStore:
         if own.get(ids=[note_id], include=[])["ids"]:
             own.delete(ids=[note_id])
             return True
+        if not include_shared:
+            return False
         shared = self._collection(channel, shared=True)
         found = shared.get(ids=[note_id], include=["metadatas"])
         if not found["ids"]:
@@ -169,6 +175,11 @@ def _store(ctx: ToolContext) -> NoteStore:
     return store
 
 
+def _shared_ok(ctx: ToolContext) -> bool:
+    """Whether this channel opted in to the notes shared between channels."""
+    return ctx.channel in ctx.services.get("shared_notes_channels", ())
+
+
 def _when(created: float) -> str:
     return time.strftime("%Y-%m-%d", time.localtime(created)) if created else "?"
 
@@ -187,7 +198,7 @@ def note_create(ctx: ToolContext, title: str, text: str, shared: bool = False) -
     Args:
         title: A short title saying what the note is about.
         text: The note itself, up to 4000 characters.
-        shared: true makes the note visible to every channel, not just this one.
+        shared: true makes the note visible to the channels that share notes (if this one does).
     """
     text, title = text.strip(), title.strip()
     if not text:
@@ -197,6 +208,9 @@ def note_create(ctx: ToolContext, title: str, text: str, shared: bool = False) -
                         "Split it into several notes, or keep long texts in a file")
     if len(title) > MAX_TITLE_CHARS:
         raise ToolError(f"title has {len(title)} characters; keep it under {MAX_TITLE_CHARS}")
+    if shared and not _shared_ok(ctx):
+        raise ToolError("shared notes are off in this channel (an admin can list it in "
+                        "agent.shared_notes_channels); save it with shared=false instead")
     note_id = _store(ctx).add(ctx.channel, text, title=title, shared=shared)
     where = "shared with every channel" if shared else "for this channel"
     return f"saved note {note_id} ({where}); note_search finds it, note_delete('{note_id}') removes it"
@@ -204,12 +218,13 @@ def note_create(ctx: ToolContext, title: str, text: str, shared: bool = False) -
 
 @tool
 def note_list(ctx: ToolContext) -> str:
-    """List your notes (this channel's and the shared ones), newest first, by id and title."""
+    """List your notes (this channel's, and the shared ones if this channel uses them), newest
+    first, by id and title."""
     store = _store(ctx)
-    notes = store.list(ctx.channel)
+    notes = store.list(ctx.channel, include_shared=_shared_ok(ctx))
     if not notes:
         return "there are no notes yet; note_create saves one"
-    total = store.count(ctx.channel)
+    total = store.count(ctx.channel, include_shared=_shared_ok(ctx))
     lines = [_headline(n) for n in notes]
     more = f"\n[... {total - len(notes)} older notes not shown; note_search finds them]" \
         if total > len(notes) else ""
@@ -228,7 +243,7 @@ def note_search(ctx: ToolContext, query: str, k: int = 5) -> str:
         raise ToolError("query is empty; say what you are looking for")
     if not 1 <= k <= MAX_K:
         raise ToolError(f"k must be between 1 and {MAX_K}, got {k}")
-    hits = _store(ctx).search(ctx.channel, query.strip(), k=k)
+    hits = _store(ctx).search(ctx.channel, query.strip(), k=k, include_shared=_shared_ok(ctx))
     if not hits:
         return "there are no notes yet; note_create saves one"
     out = []
@@ -250,6 +265,6 @@ def note_delete(ctx: ToolContext, note_id: str) -> str:
     note_id = note_id.strip().strip("[]")
     if not note_id:
         raise ToolError("note_id is empty; note_list shows the ids")
-    if not _store(ctx).delete(ctx.channel, note_id):
+    if not _store(ctx).delete(ctx.channel, note_id, include_shared=_shared_ok(ctx)):
         raise ToolError(f"there is no note {note_id!r}; note_list shows the ids")
     return f"deleted note {note_id}"

@@ -48,7 +48,8 @@ def job_runner(ctx: ToolContext) -> JobRunner:
     """The channel's job runner, made (and its jobs recovered) on first use."""
     runner = ctx.services.get("jobs_runner")
     if runner is None:
-        runner = JobRunner(ctx.workspace, ctx.state_dir, sandbox_of(ctx))
+        runner = JobRunner(ctx.workspace, ctx.state_dir, sandbox_of(ctx),
+                           slots=ctx.services.get("job_slots"))
         ctx.services["jobs_runner"] = runner
         ctx.services.setdefault("jobs", runner.summary)
     return runner

@@ -175,7 +175,9 @@ class DiscordConfig(_Section):
     no_mention_channel_ids: list[int] = Field(
         default_factory=list, description="a list of channel ids that need no mention"
     )
-    allow_dms: bool = Field(True, description="true or false: answer direct messages")
+    allow_dms: bool = Field(
+        False, description="true or false: answer direct messages (they follow the allow lists)"
+    )
     command_prefix: str = Field("!", min_length=1, max_length=3, description="1-3 characters, e.g. !")
 
     @field_validator("token_env")
@@ -202,6 +204,11 @@ class AgentConfig(_Section):
     tools: list[str] = Field(
         default_factory=list,
         description="a list of tool names the agent may use (empty = every tool)",
+    )
+    shared_notes_channels: list[str] = Field(
+        default_factory=list,
+        description="channel keys (a Discord channel id, a console name, dm-<user id>) whose "
+                    "agent may read and write the notes shared between channels",
     )
     clear_scratch_after_turn: bool = Field(
         False, description="true to empty the workspace's scratch/ at the end of each turn"
@@ -300,6 +307,18 @@ class TrainConfig(_Section):
 class SandboxConfig(_Section):
     allow_unsandboxed: bool = Field(
         False, description="true or false; true runs code without bubblewrap (unsafe)"
+    )
+    workspace_quota_mb: int = Field(
+        1024, ge=1, description="disk each channel's workspace may use, in MiB (>= 1)"
+    )
+    total_memory_mb: int = Field(
+        4096, ge=64, description="memory all sandboxed programs may use together, in MiB (>= 64)"
+    )
+    max_jobs_per_channel: int = Field(
+        2, ge=0, description="background Python jobs running at once in one channel (>= 0)"
+    )
+    max_jobs_total: int = Field(
+        4, ge=0, description="background Python jobs running at once over all channels (>= 0)"
     )
 
 

@@ -1,11 +1,17 @@
 """Who the Discord bot answers, and where: a pure policy over the config.
 
 The rules follow llmcord's: an empty allow list allows everyone (or every
-channel), a block always wins, and direct messages follow ``allow_dms``.
-Admins pass the allow lists (so a locked-down server can still be run by
-them) but not the block lists. Roles count only in servers; in a direct
-message there are none. A channel matches a list by its own id, its parent's
-(a thread's channel) or its category's.
+channel), a block always wins. Admins pass the allow lists (so a locked-down
+server can still be run by them) but not the block lists. A channel matches a
+list by its own id, its parent's (a thread's channel) or its category's.
+
+Direct messages are off unless ``allow_dms`` (default false: a DM is a way
+round the server's rules), and when on they follow the same rules as any
+channel: with ``allowed_channel_ids`` set, a DM is not one of those channels;
+with ``allowed_role_ids`` set, the user must hold such a role in a server the
+bot shares with them (a DM carries no roles, so the front end looks the
+member up: in the cache through ``origin_of(..., guilds)``, else by asking
+Discord, ``bot.discord_front.app.fetch_role_ids``).
 
 Nothing here touches the network, so every rule is tested with plain values.
 """
@@ -53,9 +59,21 @@ def channel_ids(channel: Any) -> frozenset[int]:
     return frozenset(i for i in ids if i is not None)
 
 
-def origin_of(user: Any, channel: Any) -> Origin:
-    return Origin(user.id, frozenset(role_ids(user)), channel_ids(channel),
-                  getattr(channel, "guild", None) is None)
+def member_role_ids(user_id: int, guilds: Iterable[Any]) -> frozenset[int]:
+    """The roles a user holds in the servers the bot shares with them (for a DM)."""
+    roles: set[int] = set()
+    for guild in guilds:
+        member = guild.get_member(user_id)
+        if member is not None:
+            roles.update(role_ids(member))
+    return frozenset(roles)
+
+
+def origin_of(user: Any, channel: Any, guilds: Iterable[Any] = ()) -> Origin:
+    """``guilds``: the bot's servers, where a DM's author's roles are looked up."""
+    is_dm = getattr(channel, "guild", None) is None
+    roles = member_role_ids(user.id, guilds) if is_dm else frozenset(role_ids(user))
+    return Origin(user.id, roles, channel_ids(channel), is_dm)
 
 
 def caller_of(user: Any, channel: Any) -> Caller:
@@ -71,9 +89,8 @@ def is_allowed(config: Config, origin: Origin) -> bool:
         return False
     if is_admin(config, origin.user_id, origin.role_ids):
         return True
-    if origin.is_dm:
-        user_ok = not d.allowed_user_ids or origin.user_id in d.allowed_user_ids
-        return d.allow_dms and user_ok
+    if origin.is_dm and not d.allow_dms:
+        return False
     allow_all_users = not d.allowed_user_ids and not d.allowed_role_ids
     user_ok = (allow_all_users or origin.user_id in d.allowed_user_ids
                or bool(origin.role_ids & set(d.allowed_role_ids)))

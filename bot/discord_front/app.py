@@ -20,6 +20,7 @@ handling covers all of them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from bot.discord_front.access import (
     channel_ids,
     channel_key,
     is_allowed,
+    member_role_ids,
     needs_mention,
     origin_of,
     strip_mentions,
@@ -60,6 +62,20 @@ ASLEEP = ("I'm asleep: tonight's training has the GPU. Your message is queued, a
           "answer when I wake.")
 TURN_FAILED = ("Sorry, something went wrong while answering that; the error is logged. "
                "Please try again.")
+
+
+async def fetch_role_ids(user_id: int, guilds) -> frozenset[int]:
+    """The roles a DM's author holds in the servers the bot shares with them, asked of
+    Discord (one member request per server; no privileged intent needed). A server
+    that cannot answer counts as no roles: the DM is then refused, never let through."""
+    roles: set[int] = set()
+    for guild in guilds:
+        try:
+            member = await guild.fetch_member(user_id)
+        except discord.HTTPException:  # not a member there (NotFound), or Discord failed
+            continue
+        roles.update(role.id for role in member.roles)
+    return frozenset(roles)
 
 
 def default_intents() -> discord.Intents:
@@ -147,7 +163,11 @@ class NightshiftBot(commands.Bot):
     async def on_message(self, message: discord.Message) -> None:
         if message.author.bot or self.user is None:  # other bots, and ourselves
             return
-        origin = origin_of(message.author, message.channel)
+        origin = origin_of(message.author, message.channel, self.guilds)
+        if origin.is_dm and self.rt.config.discord.allowed_role_ids and not origin.role_ids:
+            # Without the members intent the cache rarely holds the author: ask Discord.
+            origin = dataclasses.replace(origin, role_ids=await fetch_role_ids(
+                message.author.id, self.guilds))
         if not is_allowed(self.rt.config, origin):
             return
         ctx = await self.get_context(message)
@@ -208,7 +228,11 @@ class NightshiftBot(commands.Bot):
             return
         if payload.member is not None and payload.member.bot:
             return
-        if not is_allowed(self.rt.config, self._reaction_origin(payload)):
+        origin = self._reaction_origin(payload)
+        if origin.is_dm and self.rt.config.discord.allowed_role_ids and not origin.role_ids:
+            origin = dataclasses.replace(origin, role_ids=await fetch_role_ids(
+                payload.user_id, self.guilds))
+        if not is_allowed(self.rt.config, origin):
             return
         episode = await self.replies.episode_of(payload.message_id)
         if episode is None:  # not one of our replies
@@ -225,7 +249,10 @@ class NightshiftBot(commands.Bot):
         member = payload.member
         channel = self.get_channel(payload.channel_id)
         ids = channel_ids(channel) if channel is not None else frozenset({payload.channel_id})
-        roles = frozenset(role.id for role in member.roles) if member is not None else frozenset()
+        if payload.guild_id is None:  # a DM: the roles the user holds in our servers
+            roles = member_role_ids(payload.user_id, self.guilds)
+        else:
+            roles = frozenset(r.id for r in member.roles) if member is not None else frozenset()
         return Origin(payload.user_id, roles, ids, payload.guild_id is None)
 
 

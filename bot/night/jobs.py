@@ -52,6 +52,31 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
+def is_trainer(pid: int | None, job_id: int) -> bool:
+    """True when ``pid`` is alive and is a night's trainer for ``job_id``.
+
+    A job row's pid outlives the bot: after a restart (or a reboot) the number
+    may belong to some other process by now, and signalling its process group
+    would hit a stranger. So the pid counts only when its command line is
+    ``python -m trainer ... sleep`` and, if it names a job (``--job N``), names this one."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except FileNotFoundError:
+        return False  # exited meanwhile
+    except OSError:
+        return False  # not ours to read, so not ours to signal
+    module = any(argv[i:i + 2] == ["-m", "trainer"] for i in range(len(argv)))
+    if not module or "sleep" not in argv:
+        return False
+    if "--job" in argv:
+        i = argv.index("--job")
+        return argv[i + 1:i + 2] == [str(job_id)]
+    return True
+
+
 def reap(child: subprocess.Popen) -> None:
     try:
         child.wait(timeout=10)
@@ -60,12 +85,19 @@ def reap(child: subprocess.Popen) -> None:
         child.wait()
 
 
-def stop_trainer(pid: int | None) -> None:
-    if pid_alive(pid):
-        try:
+def stop_trainer(pid: int | None, job_id: int) -> bool:
+    """SIGTERM the trainer of ``job_id`` (its process group when it leads one); False
+    when ``pid`` is not that trainer, which is then left alone."""
+    if not is_trainer(pid, job_id):
+        return False
+    try:
+        if os.getpgid(pid) == pid:
             os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        else:  # started by hand (python -m trainer sleep): its group is the shell's
+            os.kill(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def night_line(job: dict) -> str:

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from bot.serving.supervisor import ServerSupervisor
     from bot.storage.store import Store
 
+# Each time a release (or the base model: release_id None) goes live, an event records
+# what served before it: the chain that rollback walks back.
+LIVE_EVENT = "release_live"
+LIVE_EVENT_CHANNEL = "releases"
 
 def release_problem(release: dict) -> str | None:
     """Why a release may not be served (missing or changed files), or None."""
@@ -65,31 +69,62 @@ class Releases:
         if not candidates:
             return ("No candidate release to promote." if release_id is None
                     else f"Release #{release_id} is not a candidate.")
-        return await self._serve(candidates[-1], "promote")
+        live = [r["id"] for r in releases if r["state"] == "live"]
+        return await self._serve(candidates[-1], "promote", live[0] if live else None)
 
     async def rollback(self, release_id: int | None = None) -> str:
-        """Serve an earlier release (the newest retired one by default), or the base model
-        when no earlier release exists."""
-        releases = await self.store.releases()
-        earlier = [r for r in releases if r["state"] == "retired"
-                   and (release_id is None or r["id"] == release_id)]
-        if earlier:
-            return await self._serve(earlier[-1], "rollback")
+        """Serve the release that served before the live one (or the one named), or the
+        base model when none did.
+
+        The chain is the order releases went live (``release_live`` events), not their
+        ids: a second rollback goes further back, never forward to the one just left."""
+        releases = {r["id"]: r for r in await self.store.releases()}
+        live = [r for r in releases.values() if r["state"] == "live"]
         if release_id is not None:
-            return f"Release #{release_id} is not a retired release."
-        live = [r for r in releases if r["state"] == "live"]
+            target = releases.get(release_id)
+            if target is None or target["state"] != "retired":
+                return f"Release #{release_id} is not a retired release."
+            return await self._serve(target, "rollback", await self._previous(target["id"]))
         if not live:
             return "The base model is already serving; there is nothing to roll back."
+        target_id = await self._previous(live[0]["id"])
+        seen = {live[0]["id"]}
+        # A link to a release that is no longer retired (or a loop) is skipped.
+        while target_id is not None and (target_id in seen or
+                                         releases.get(target_id, {}).get("state") != "retired"):
+            seen.add(target_id)
+            target_id = await self._previous(target_id)
+        if target_id is not None:
+            target = releases[target_id]
+            return await self._serve(target, "rollback", await self._previous(target_id))
         try:
             await self.supervisor.swap(self.config.served_gguf, mode=self.swap_mode,
                                        reason="rollback to the base model")
         except Exception as exc:
             return f"Rollback failed ({exc}); still serving release #{live[0]['id']}."
         await self.store.set_release_state(live[0]["id"], "retired")
+        await self._record_live(None, None, "rollback")
         return f"Rolled back to the base model ({self.config.served_gguf.name})."
 
-    async def _serve(self, release: dict, why: str) -> str:
-        """Swap a release in; a corrupt release or a failed canary never goes live."""
+    async def _previous(self, release_id: int) -> int | None:
+        """What served before ``release_id`` went live (None: the base model)."""
+        for event in reversed(await self.store.events(LIVE_EVENT)):
+            if event["payload"].get("release_id") == release_id:
+                return event["payload"].get("previous")
+        # A release made live before the chain was recorded: the newest older retired one.
+        older = [r["id"] for r in await self.store.releases()
+                 if r["state"] == "retired" and r["id"] < release_id]
+        return older[-1] if older else None
+
+    async def _record_live(self, release_id: int | None, previous: int | None,
+                           how: str) -> None:
+        await self.store.add_event(LIVE_EVENT_CHANNEL, None, LIVE_EVENT,
+                                   {"release_id": release_id, "previous": previous, "how": how})
+
+    async def _serve(self, release: dict, why: str, previous: int | None) -> str:
+        """Swap a release in; a corrupt release or a failed canary never goes live.
+
+        ``previous`` is what a later rollback from this release goes back to."""
         problem = await asyncio.to_thread(release_problem, release)
         if problem:
             return f"Release #{release['id']} refused: {problem}. Nothing changed."
@@ -102,6 +137,7 @@ class Releases:
         except Exception as exc:
             return f"Release #{release['id']} failed to start; the old model keeps serving.\n{exc}"
         await self.store.set_release_state(release["id"], "live")
+        await self._record_live(release["id"], previous, why)
         for job in await self.store.jobs("sleep", ["awaiting_promotion"]):
             if job["progress"].get("release_id") == release["id"]:
                 await self.store.update_job(job["id"], state="live")

@@ -6,7 +6,8 @@ row in the store:
 - a job whose trainer process died without finishing is marked failed
   (``python -m trainer sleep --job N`` resumes it);
 - a candidate awaiting promotion is promoted (swapped in) when
-  ``night.auto_promote`` is on; otherwise it waits for ``/promote``;
+  ``night.auto_promote`` is on, tried once (a failed try waits for
+  ``/promote``); otherwise it waits for ``/promote``;
 - with ``night.single_gpu``, the model server is stopped while the job trains
   and started again afterwards; chat messages wait in their queues meanwhile;
 - every change of state or progress is passed to the front ends' listeners.
@@ -22,7 +23,7 @@ import logging
 import subprocess
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from bot.night.jobs import ACTIVE, pid_alive, reap, start_trainer, stop_trainer
+from bot.night.jobs import ACTIVE, is_trainer, reap, start_trainer, stop_trainer
 
 if TYPE_CHECKING:
     from bot.config import Config
@@ -66,8 +67,8 @@ class NightWatch:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for child in self.children.values():
-            stop_trainer(child.pid)
+        for job_id, child in self.children.items():
+            stop_trainer(child.pid, job_id)
         for child in self.children.values():
             await asyncio.to_thread(reap, child)
         self.children.clear()
@@ -98,7 +99,7 @@ class NightWatch:
             child = self.children.get(job["id"])
             if child is not None and child.poll() is not None:
                 self.children.pop(job["id"])  # reaped
-            if job["state"] in ACTIVE and job["pid"] and not pid_alive(job["pid"]):
+            if job["state"] in ACTIVE and job["pid"] and not is_trainer(job["pid"], job["id"]):
                 await self.store.update_job(job["id"], state="failed", error=(
                     "the trainer process died; resume with: python -m trainer sleep --job "
                     f"{job['id']}"))
@@ -109,20 +110,29 @@ class NightWatch:
             await self._notify(job)
 
     async def _promote(self, job: dict) -> None:
-        text = await self.releases.promote(job["progress"].get("release_id"))
+        """Try this night's own candidate, once: a failure waits for /promote (it is
+        not retried every poll), and another night's candidate is never touched."""
+        progress = job["progress"]
+        release_id = progress.get("release_id")
+        if "promotion_tried" in progress:
+            return
+        if release_id is None:
+            text = "no candidate release is recorded for this night; nothing promoted"
+        else:
+            text = await self.releases.promote(release_id)
         state = "live" if text.startswith("Now serving") else "awaiting_promotion"
-        await self.store.update_job(job["id"], state=state,
-                                       progress={**job["progress"], "promotion": text})
+        await self.store.update_job(job["id"], state=state, progress={
+            **progress, "promotion": text, "promotion_tried": release_id})
 
     async def _single_gpu(self, job: dict) -> None:
         if not self.config.night.single_gpu:
             return
         if job["state"] == "training" and self._paused_for is None:
             self._paused_for = job["id"]
-            await self.supervisor.stop()
+            await self.supervisor.pause()  # messages wait for the morning, with no timeout
         elif self._paused_for == job["id"] and job["state"] != "training":
             self._paused_for = None
-            await self.supervisor.start()
+            await self.supervisor.resume()
 
     async def _notify(self, job: dict) -> None:
         key = (job["state"], job["updated_at"])

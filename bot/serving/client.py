@@ -10,7 +10,8 @@ restarting. Instead a request that fails because the server is unreachable,
 timed out or answered 5xx waits for the supervisor's ready event and is sent
 again, a bounded number of times. While the supervisor says the server is not
 ready (a restart, a restart-mode swap), a request queues before it is sent,
-which costs no attempt. The client follows ``supervisor.base_url``, so a
+which costs no attempt; while it is ``paused`` (a single-GPU night), it
+queues with no time limit, until the morning. The client follows ``supervisor.base_url``, so a
 blue/green swap to another port needs no new LLM.
 
 For the swap's drain, the LLM counts its requests in flight per base URL and
@@ -54,7 +55,8 @@ class LLMError(RuntimeError):
 class Supervised(Protocol):
     """What the LLM needs from a server supervisor.
 
-    Optional, used where present: ``ready`` (False: queue before sending) and
+    Optional, used where present: ``ready`` (False: queue before sending),
+    ``paused`` (True: wait for ready with no time limit) and
     ``register_client(llm)`` (the swap's drain asks ``llm.in_flight(url)``)."""
 
     @property
@@ -248,13 +250,17 @@ class LLM:
         server = self.config.server
         timeout = (server.request_timeout_s + server.stop_grace_s + 2 * server.start_timeout_s
                    + self.config.watchdog.restart_cooldown_s)
-        try:
-            await self.supervisor.wait_ready(timeout)
-        except TimeoutError as exc:
-            raise LLMError(
-                f"the model server at {self.base_url} did not become ready again: {exc}",
-                attempts=attempts,
-            ) from exc
+        while True:
+            try:
+                await self.supervisor.wait_ready(timeout)
+                return
+            except TimeoutError as exc:
+                if getattr(self.supervisor, "paused", False):
+                    continue  # stopped on purpose for the night: wait for the morning
+                raise LLMError(
+                    f"the model server at {self.base_url} did not become ready again: {exc}",
+                    attempts=attempts,
+                ) from exc
 
 
 def _reply(completion: Any, duration_ms: float, attempt: int) -> Reply:

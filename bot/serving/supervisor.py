@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bot.config import Config
+from bot.serving import orphans
 from bot.serving import swap as swapping
 from bot.serving.kinds import (
     SERVER_KINDS,
@@ -87,6 +88,7 @@ class ServerSupervisor:
         self.port = port or config.server.port
         self.log_path = log_path or config.data_dir / "logs" / f"server-{self.port}.log"
         self.healthy = False
+        self.paused = False  # stopped on purpose (a single-GPU night): requests wait, no timeout
         self.restarts = 0
         self.last_restart_reason: str | None = None
         self._proc: subprocess.Popen | None = None
@@ -105,6 +107,11 @@ class ServerSupervisor:
             return self.config.base_url
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
+
+    @property
+    def pid_file(self) -> Path:
+        """Names the server on this port while it runs (``bot.serving.orphans``)."""
+        return self.config.data_dir / "run" / f"server-{self.port}.pid"
 
     @property
     def pid(self) -> int | None:
@@ -148,6 +155,18 @@ class ServerSupervisor:
             await self._kill(hard=False)
 
     close = stop
+
+    async def pause(self) -> None:
+        """Stop the server for a while (a single-GPU night trains); clients wait for
+        ``resume`` however long it takes, instead of timing out."""
+        self.paused = True
+        await self.stop()
+
+    async def resume(self) -> None:
+        try:
+            await self.start()
+        finally:
+            self.paused = False  # a failed start is then an ordinary error for the clients
 
     async def restart(self, reason: str, *, hard: bool = False,
                       generation: int | None = None) -> None:
@@ -255,18 +274,22 @@ class ServerSupervisor:
     async def _launch(self) -> None:
         self.kind.check(self.config, self.gguf)
         await self._kill(hard=True)  # reap a previous process that died on its own
+        # A server left by a crashed earlier run of ours would hold the port.
+        await asyncio.to_thread(orphans.stop_stale, self.pid_file)
         await self._check_port_free()
         argv = self.kind.command(self.config, self.gguf, self.host, self.port, self.lora)
         await asyncio.to_thread(self._open_log, argv)
         self.generation += 1
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(
+            # Tied to this thread by a parent-death signal: a crashed bot leaves no server.
+            self._proc = orphans.popen_tied(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so killpg reaches all of it
             )
+        orphans.record(self.pid_file, self._proc.pid, argv)
         logger.info(
             "started %s server pid %d on %s (log %s)",
             self.kind.name, self._proc.pid, self.base_url, self.log_path,
@@ -342,6 +365,7 @@ class ServerSupervisor:
             return
         await asyncio.to_thread(proc.wait)  # reap
         self._proc = None
+        orphans.forget(self.pid_file)
         logger.info("server pid %d stopped", pgid)
 
     async def _restart_locked(self, reason: str, *, hard: bool) -> None:

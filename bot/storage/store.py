@@ -330,6 +330,24 @@ class Store(NightLedger):
         )
         return rows[0]["id"]
 
+    async def create_exclusive_job(self, kind: str, args: dict,
+                                   active: tuple[str, ...]) -> tuple[int, dict | None]:
+        """Queue a job unless one of ``kind`` is ``active``: (new id, None) or (its id, it).
+        One IMMEDIATE transaction, so two requests at once never both start one."""
+        for state in active:
+            check(state, JOB_STATES, "job state")
+        async with self._write() as db:
+            rows = await db.execute_fetchall(
+                f"SELECT * FROM jobs WHERE kind = ? AND state IN ({', '.join('?' * len(active))}) "
+                "ORDER BY id DESC LIMIT 1", (kind, *active))
+            if rows:
+                return rows[0]["id"], record(rows[0], ("args", "progress"))
+            now = time.time()
+            rows = await db.execute_fetchall(
+                "INSERT INTO jobs (kind, args, state, created_at, updated_at) VALUES "
+                "(?, ?, 'queued', ?, ?) RETURNING id", (kind, dumps(args, "job args"), now, now))
+            return rows[0]["id"], None
+
     async def update_job(
         self,
         job_id: int,
