@@ -221,7 +221,8 @@ def test_batches_cover_every_sequence_once_per_epoch_and_feed_every_process():
 
     for n, batch, processes in ((10, 4, 1), (10, 4, 3), (3, 64, 1)):
         per_epoch = T._batches_per_epoch(n, batch, processes)
-        batches = list(itertools.islice(T._batches(n, T.Settings(batch=batch), processes), 2 * per_epoch))
+        batches = [b for b, _ in itertools.islice(T._batches(n, T.Settings(batch=batch), processes),
+                                                  2 * per_epoch)]
         for epoch in (batches[:per_epoch], batches[per_epoch:]):
             assert sorted(i for b in epoch for i in b) == list(range(n))
             assert all(processes <= len(b) for b in epoch)
