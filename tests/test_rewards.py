@@ -10,7 +10,7 @@ import pytest
 from bot.config import NightConfig
 from bot.embedder import MiniLMEmbedder
 from bot.schema import Episode, StoredStep
-from bot.store import Step, Store
+from bot.store import Store
 from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
 from trainer.advantages import episode_row
 from trainer.rewards import VERIFIER_EVENT, person_reward, read_verifier_event, verifier_rewards
