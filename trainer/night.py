@@ -191,7 +191,8 @@ async def _understand_all(store: Store, night_id: int, client: JsonClient, episo
         done[key] = {"score": score}
         await store.put_record(night_id, "understanding", key, done[key])
         progress("understanding", {"episode": episode.id})
-    out = {int(k): v["score"] for k, v in done.items() if v["score"] is not None}
+    asked = {str(e.id) for e in episodes}  # a resumed ledger may hold episodes since ruled
+    out = {int(k): v["score"] for k, v in done.items() if k in asked and v["score"] is not None}
     counts["understood"] = len(out)
     return out
 
@@ -210,8 +211,9 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
               if e["payload"].get("answer") == "no"}
     rows, table = [], []
     for episode in collection.episodes:
-        row, adv = episode_row(episode, collection.split[episode.id], covered,
-                               understood.get(episode.id), strays, settings)
+        understanding = None if episode.id in ruling else understood.get(episode.id)
+        row, adv = episode_row(episode, collection.split[episode.id], covered, understanding,
+                               strays, settings)
         rows.append(row)
         table += adv
     counts["advantage_mean_before_centring"] = round(centre(rows, table), 6)

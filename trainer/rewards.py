@@ -137,7 +137,7 @@ def overridden(subtask: SubTask, day: list[Message], ruled: set[int]) -> bool:
     """A judge sub-task all of whose agent messages lie in episodes a higher source rules."""
     agents = [m for m in day[subtask.start:subtask.end + 1]
               if m.role == "assistant" and not m.harness]
-    return all(m.episode_id in ruled for m in agents)
+    return bool(agents) and all(m.episode_id in ruled for m in agents)
 
 
 def agreement(judged: list[SubTask], ruling: dict[int, SubTask], days: dict[str, list[Message]],
