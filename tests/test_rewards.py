@@ -106,6 +106,9 @@ async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp
     rows = {r["episode_id"]: r for r in map(json.loads, result.dataset.read_text().splitlines())
             if r["kind"] == "episode"}
     assert set(rows) == {good, bad, looped}
+    assert rows[looped]["reward_source"] == {"source": "verifier", "check": "step-limit",
+                                             "reward": -1.0}
+    assert rows[bad]["reward_source"] == {"source": "person", "check": "label", "reward": -1.0}
     judged = {e: [a for a in r["advantages"] if a is not None] for e, r in rows.items()}
     assert all(a > 0 for a in judged[good]) and len(judged[good]) == 2
     assert all(a < 0 for a in judged[bad] + judged[looped])

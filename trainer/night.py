@@ -214,6 +214,9 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         understanding = None if episode.id in ruling else understood.get(episode.id)
         row, adv = episode_row(episode, collection.split[episode.id], covered, understanding,
                                strays, settings)
+        rule = ruling.get(episode.id)
+        row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
+                                if rule else {"source": "judge"})
         rows.append(row)
         table += adv
     counts["advantage_mean_before_centring"] = round(centre(rows, table), 6)
