@@ -12,9 +12,9 @@ from bot.storage.store import Step, Store
 from tests.judge_server import JudgeServer
 from trainer.client import JsonClient, ModelUnavailable
 from trainer.collect import split_of
-from trainer.judge import ExactAnswerVerifier
-from trainer.night import run_part1
-from trainer.value import ValueMemory
+from trainer.night import remember, run_part1
+from trainer.rewards import VERIFIER_EVENT
+from trainer.value import ValueMemory, predict
 
 REPORT = "judge_report"
 
@@ -59,12 +59,12 @@ def report(subtasks, action="report", before=0, after=0):
     return {"action": action, "before": before, "after": after, "subtasks": subtasks}
 
 
-async def run(config, store, server, embedder, night_id=1, verifiers=()):
+async def run(config, store, server, embedder, night_id=1):
     client = JsonClient(server.url, "judge", 10)
     memory = ValueMemory(config.data_dir / "value", embedder)
     try:
         return await run_part1(config, store, night_id, client, memory, since=0.0,
-                               until=1e12, verifiers=verifiers), memory
+                               until=1e12), memory
     finally:
         await client.close()
 
@@ -74,11 +74,13 @@ async def serve(answer):
 
 
 async def test_advantage_arithmetic_matches_a_hand_computation(store, tmp_path, embedder):
-    ep, _, final = await tool_episode(store)
+    await tool_episode(store, "a", ask="what is 2+3?")
+    await tool_episode(store, "b", ask="what is 4+4?")
 
     def answer(kind, body):
         if kind == REPORT:
-            return report([{"start": 0, "end": 3, "description": "add numbers", "score": 2}])
+            score = 2 if "2+3" in body["messages"][1]["content"] else 0
+            return report([{"start": 0, "end": 3, "description": "add numbers", "score": score}])
         return {"score": 0, "length": 1}
 
     server = await serve(answer)
@@ -86,20 +88,27 @@ async def test_advantage_arithmetic_matches_a_hand_computation(store, tmp_path, 
         result, memory = await run(config_for(tmp_path), store, server, embedder)
     finally:
         await server.stop()
-    # r = 2/2 = 1, r_hat = 0; length = 2 assistant turns, len_hat = 1:
-    # A_task = (1 - 0) + 0.5 * (-(2 - 1) / 10) = 0.95; turn penalty 0.02 * (2 - 1) = 0.02
+    # a: r = 2/2 = 1, r_hat = 0; length = 2 assistant turns, len_hat = 1:
+    #    A_task = (1 - 0) + 0.5 * (-(2 - 1) / 10) = 0.95; turn penalty 0.02 * (2 - 1) = 0.02 -> 0.93
+    # b: r = 0: A_task = -0.05, minus 0.02 -> -0.07
+    # centred over the night's four judged messages: mean (2 * 0.93 - 2 * 0.07) / 4 = 0.43
     table = await store.advantages(1)
-    assert [round(r["advantage"], 6) for r in table] == [0.93, 0.93]
-    assert table[0]["parts"] == {"task": pytest.approx(0.95), "turn_penalty": pytest.approx(-0.02)}
+    assert [round(r["advantage"], 6) for r in table] == [0.5, 0.5, -0.5, -0.5]
+    assert table[0]["parts"] == {"task": pytest.approx(0.95), "turn_penalty": pytest.approx(-0.02),
+                                 "centre": pytest.approx(-0.43)}
+    assert result.counts["advantage_mean_before_centring"] == pytest.approx(0.43)
     rows = [json.loads(line) for line in result.dataset.read_text().splitlines()]
     episode_rows = [r for r in rows if r["kind"] == "episode"]
-    assert episode_rows[0]["advantages"] == [None, None, pytest.approx(0.93), None,
-                                             pytest.approx(0.93)]
+    assert episode_rows[0]["advantages"] == [None, None, pytest.approx(0.5), None,
+                                             pytest.approx(0.5)]
     value_rows = [r for r in rows if r["kind"] == "value_prediction"]
-    # prediction error: |1 - 0| / 2 = 0.5 and |2 - 1| / 2 = 0.5, so reward -0.5; one row, baseline -0.5
-    assert len(value_rows) == 1 and value_rows[0]["advantages"][-1] == pytest.approx(0.0)
-    assert result.manifest["counts"]["rows"] == 2 and len(result.manifest["rows"]) == 2
-    assert memory.count() == 1
+    # prediction errors: a: (|1 - 0| / 2 + |2 - 1| / 2) / 2 = 0.5; b: (0 + 0.5) / 2 = 0.25;
+    # rewards -0.5 and -0.25 around their mean -0.375
+    assert sorted(r["advantages"][-1] for r in value_rows) == [pytest.approx(-0.125),
+                                                               pytest.approx(0.125)]
+    assert result.manifest["counts"]["rows"] == 4 and len(result.manifest["rows"]) == 4
+    assert result.manifest["reward_sources"] == {"judge": 2}
+    assert memory.count() == 0  # the memory waits for the night's training (remember)
 
 
 async def test_the_judge_may_extend_the_window_before_reporting(store, tmp_path, embedder):
@@ -157,11 +166,12 @@ async def test_out_of_range_subtasks_are_rejected_then_retried(store, tmp_path, 
         await server.stop()
     assert result.counts["windows_judged"] == 1
     table = await store.advantages(1)
-    # r = -1, r_hat = 0, length 2 = len_hat: A = -1, minus the turn penalty 0.02
-    assert [round(r["advantage"], 6) for r in table] == [-1.02, -1.02]
+    # r = -1, r_hat = 0, length 2 = len_hat: A = -1, minus the turn penalty 0.02 (then centred)
+    assert [r["parts"]["task"] for r in table] == [-1.0, -1.0]
+    assert [round(r["advantage"] - r["parts"]["centre"], 6) for r in table] == [-1.02, -1.02]
 
 
-async def test_memory_is_updated_once_after_the_night_so_no_prediction_sees_this_night(
+async def test_memory_is_updated_only_by_remember_so_no_prediction_sees_this_night(
         store, tmp_path, embedder):
     await tool_episode(store, "a", "add two and three")
     await tool_episode(store, "b", "add two and three please")
@@ -173,10 +183,16 @@ async def test_memory_is_updated_once_after_the_night_so_no_prediction_sees_this
 
     server = await serve(answer)
     try:
-        _, memory = await run(config_for(tmp_path), store, server, embedder)
+        result, memory = await run(config_for(tmp_path), store, server, embedder)
         prompts = [b["messages"][1]["content"] for b in server.of("value_prediction")]
         assert len(prompts) == 2 and all("no similar past tasks" in p for p in prompts)
+        assert memory.count() == 0  # training has not succeeded yet
+        remember(memory, result, now=1e9)  # the night calls this after training
         assert memory.count() == 2
+        # A prediction for night 1 (a re-run) never retrieves night 1's own sub-tasks.
+        own = await predict(JsonClient(server.url, "judge", 10), memory, result.subtasks[0], 8,
+                            14.0, now=1e9, exclude_night=1)
+        assert own is not None and own.neighbours == 0
         await tool_episode(store, "a", "add two and three again")
         server.requests.clear()
         await run(config_for(tmp_path), store, server, embedder, night_id=2)
@@ -214,27 +230,17 @@ async def test_a_crashed_night_resumes_without_rejudging_finished_windows(store,
     assert result.counts["windows_resumed"] == 2 and result.counts["windows_judged"] == 3
 
 
-async def test_a_verifier_takes_precedence_over_the_llm_judge(store, tmp_path, embedder):
-    _, user, _ = await tool_episode(store, ask="what is 2+3?", answer="It is 5.")
-    server = await serve(lambda kind, body: report([]) if kind == REPORT else {"score": 0, "length": 2})
-    try:
-        result, _ = await run(config_for(tmp_path), store, server, embedder,
-                              verifiers=[ExactAnswerVerifier({user.id: "5"})])
-    finally:
-        await server.stop()
-    assert server.of(REPORT) == []
-    record = (await store.records(1, "judgment"))["general:0"]
-    assert record["reason"] == "verifier:exact-answer"
-    assert record["subtasks"][0]["reward"] == 1.0
-
-
-async def test_excluded_episodes_are_counted_by_reason(store, tmp_path, embedder):
+async def test_only_harness_errors_incomplete_turns_failed_checks_and_secrets_are_excluded(
+        store, tmp_path, embedder):
     await tool_episode(store, status="complete")
-    await tool_episode(store, status="aborted")
+    await tool_episode(store, status="aborted")  # the step limit: a failure to learn from
     await tool_episode(store, status="errored")
-    rejected, _, _ = await tool_episode(store)
+    rejected, _, _ = await tool_episode(store)  # a negative example
     await store.add_label(rejected, "rejected", "reaction")
     await tool_episode(store, answer="my key is AKIAIOSFODNN7EXAMPLE")
+    crashed, _, _ = await tool_episode(store)
+    await store.add_event("general", crashed, VERIFIER_EVENT,
+                          {"reward": None, "check": "python:check.py", "error": "timed out"})
     open_ep = await store.start_episode("general")
     await store.add_step(open_ep, Step(role="user", content="hi"))
     server = await serve(lambda kind, body: report([]) if kind == REPORT else {"score": 0, "length": 1})
@@ -243,8 +249,8 @@ async def test_excluded_episodes_are_counted_by_reason(store, tmp_path, embedder
     finally:
         await server.stop()
     excluded = result.manifest["counts"]["excluded"]
-    assert excluded == {"aborted": 1, "errored": 1, "rejected": 1, "secret": 1, "incomplete": 1}
-    assert result.manifest["counts"]["eligible"] == 1
+    assert excluded == {"errored": 1, "secret": 1, "incomplete": 1, "check-failed": 1}
+    assert result.manifest["counts"]["eligible"] == 3
 
 
 def test_the_split_is_a_deterministic_hash_of_the_episode_id():

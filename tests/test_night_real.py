@@ -10,6 +10,7 @@ from bot.serving.supervisor import ServerSupervisor
 from bot.storage.store import Step, Store
 from trainer.client import JsonClient
 from trainer.night import run_part1
+from trainer.rewards import VERIFIER_EVENT
 from trainer.value import ValueMemory
 
 DAY = [
@@ -20,7 +21,8 @@ DAY = [
 ]
 
 
-async def store_day(store: Store) -> None:
+async def store_day(store: Store) -> list[int]:
+    episodes = []
     for channel, ask, answer in DAY:
         ep = await store.start_episode(channel)
         await store.add_step(ep, Step(role="system", content="You are helpful.", meta={"tools": []}))
@@ -34,6 +36,8 @@ async def store_day(store: Store) -> None:
             answer = "There are two files: notes.txt and main.py."
         await store.add_step(ep, Step(role="assistant", content=answer))
         await store.end_episode(ep, "complete")
+        episodes.append(ep)
+    return episodes
 
 
 @pytest.mark.slow
@@ -51,7 +55,9 @@ async def test_every_window_of_a_small_day_is_judged_by_the_embedded_model(
     store = await Store.open(tmp_path / "store.db")
     client = JsonClient(supervisor.base_url, config.model.alias, 120)
     try:
-        await store_day(store)
+        sums, haiku, _, _ = await store_day(store)
+        await store.add_event("general", sums, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+        await store.add_label(haiku, "accepted", "reaction")
         memory = ValueMemory(tmp_path / "value", MiniLMEmbedder())
         result = await run_part1(config, store, 1, client, memory, since=0.0, until=1e12)
         records = await store.records(1, "judgment")
@@ -61,5 +67,8 @@ async def test_every_window_of_a_small_day_is_judged_by_the_embedded_model(
         await supervisor.stop()
     assert records and all(r["status"] == "judged" for r in records.values()), records
     assert result.counts["windows_skipped"] == 0
-    assert result.counts["understood"] == 4
+    assert result.counts["understood"] == 2  # the checked and the labelled episode are ruled
+    assert result.counts["source:verifier"] == 1 and result.counts["source:person"] == 1
+    assert result.agreement["person"]["n"] + result.agreement["person"]["uncovered"] == 1
+    assert result.manifest["judge_agreement"] == result.agreement
     assert result.dataset.is_file()

@@ -221,8 +221,54 @@ def test_batches_cover_every_sequence_once_per_epoch_and_feed_every_process():
 
     for n, batch, processes in ((10, 4, 1), (10, 4, 3), (3, 64, 1)):
         per_epoch = T._batches_per_epoch(n, batch, processes)
-        batches = list(itertools.islice(T._batches(n, T.Settings(batch=batch), processes), 2 * per_epoch))
+        batches = [b for b, _ in itertools.islice(T._batches(n, T.Settings(batch=batch), processes),
+                                                  2 * per_epoch)]
         for epoch in (batches[:per_epoch], batches[per_epoch:]):
             assert sorted(i for b in epoch for i in b) == list(range(n))
             assert all(processes <= len(b) for b in epoch)
         assert batches[:per_epoch] != batches[per_epoch:] or n < 4  # reshuffled each epoch
+
+
+def test_the_remainder_batch_is_weighted_by_its_size():
+    import itertools
+
+    def epoch(n, batch, processes=1):
+        return [(len(b), w) for b, w in itertools.islice(
+            T._batches(n, T.Settings(batch=batch), processes), T._batches_per_epoch(n, batch, processes))]
+
+    assert epoch(70, 64) == [(64, 1.0), (6, 6 / 64)]
+    assert epoch(20, 64) == [(20, 1.0)]  # a night smaller than a batch: no remainder
+    assert epoch(128, 64) == [(64, 1.0), (64, 1.0)]
+    assert epoch(65, 64, processes=2) == [(65, 1.0)]  # too small to split: joins the batch
+
+
+def test_a_night_takes_at_least_min_steps_unless_steps_is_set():
+    assert T.planned_steps(3, T.Settings()) == 16  # one batch a night would be 1 step
+    assert T.planned_steps(3, T.Settings(min_steps=5, epochs=2)) == 5
+    assert T.planned_steps(640, T.Settings(epochs=2)) == 20  # 2 epochs of 10 batches
+    assert T.planned_steps(3, T.Settings(steps=2)) == 2  # an explicit count wins
+
+
+def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, tmp_path):
+    from accelerate import Accelerator
+
+    tokenizer = _tokenizer(base_dir)
+    grads = {}
+    for weight in (1.0, 0.25):
+        settings = T.Settings(micro_batch=2, grad_clip=1e9)
+        examples = T.build_examples(_rows(), tokenizer, settings)
+        model = T.load_model(base_dir, settings)
+        _lora_nonzero(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        recorder = _GradRecorder(trainable)
+        ctx = {"accelerator": Accelerator(cpu=True), "settings": settings,
+               "policy": T.Policy(model, chunk=64), "model": model, "optimizer": recorder,
+               "trainable": trainable, "pad_id": tokenizer.pad_token_id}
+        event = T._train_step(ctx, examples, weight)
+        grads[weight] = recorder.grads
+        assert event["weight"] == weight
+    assert all(torch.allclose(a * 0.25, b, atol=1e-7, rtol=1e-5) for a, b in zip(grads[1.0], grads[0.25]))
+    events = []
+    result = T.train(_rows(), base_dir, tmp_path, T.Settings(min_steps=3, progress=False),
+                     on_step=events.append)
+    assert result.steps == 3 and [e["weight"] for e in events] == [1.0, 1.0, 1.0]

@@ -1,17 +1,32 @@
 """Advantages: the night's numbers per assistant message, and the training rows.
 
-For each judged sub-task with a value prediction:
+For each sub-task with a baseline (``trainer.rewards.task_advantages``):
 
-    A_task = (r - r_hat) + length_weight * ( -(len - len_hat) / length_scale )
+    A_task = (r - r_base) + length_weight * ( -(len - len_base) / length_scale )
 
 Every assistant message inside the sub-task's range gets A_task (the mean, if
-several sub-tasks cover it). In an episode sampled for the understanding pass,
-a message's advantage is the mean of A_task and the understanding advantage
-(or the latter alone where no sub-task covers the message). The turn-count
-penalty then takes ``turn_penalty`` per assistant message beyond the first in
-the episode. A stray end-of-turn (the agent answered "no" to "Did you mean to
-end your turn?") puts ``stray_advantage`` on that message's last token as a
-token-level override. Messages with no advantage are left out of OAPL.
+several sub-tasks cover it). In an episode whose reward came from a check or a
+person, only that episode's sub-task counts: judge sub-tasks and the
+understanding score do not reach its messages. In an episode sampled for the
+understanding pass, a message's advantage is the mean of A_task and the
+understanding advantage (or the latter alone where no sub-task covers the
+message). The turn-count penalty then takes ``turn_penalty`` per assistant
+message beyond the first in the episode.
+
+Then the night's advantages are centred: the mean over the train split's
+judged messages is subtracted from every message (``centre``). OAPL regresses
+beta * log-ratio onto A per message, so a non-zero mean would push every
+sampled answer up (or down) alike, whatever its quality; centred, the night
+only moves answers relative to each other. Per message, not per episode,
+because the loss sums over messages.
+
+A stray end-of-turn (the agent answered "no" to "Did you mean to end your
+turn?") puts ``stray_advantage`` on that message's last token as a token-level
+override (not centred: it is a fixed penalty on one token). The probe itself
+(its question, the agent's JSON answer, the go-ahead: steps with
+``meta.probe``) is harness text: listed in the row's ``harness`` so that
+``trainer.tokens`` neither trains nor observes it. Messages with no advantage
+are left out of OAPL.
 """
 
 from __future__ import annotations
@@ -24,14 +39,22 @@ from trainer.judge import Message, SubTask
 
 
 def message_advantages(day: list[Message], subtasks: list[SubTask],
-                       task_advantage: dict[str, float]) -> dict[int, list[float]]:
-    """Step id -> the task advantages of the sub-tasks covering that assistant message."""
+                       task_advantage: dict[str, float],
+                       ruled: dict[int, str] | None = None) -> dict[int, list[float]]:
+    """Step id -> the task advantages of the sub-tasks covering that assistant message.
+
+    ``ruled`` maps an episode to the key of the sub-task that outranks the judge
+    there: only that sub-task reaches the episode's messages.
+    """
+    ruled = ruled or {}
     out: dict[int, list[float]] = defaultdict(list)
     for subtask in subtasks:
         if subtask.key not in task_advantage:
-            continue  # no prediction: no baseline, so no advantage (never invented)
+            continue  # no baseline, so no advantage (never invented)
         for m in day[subtask.start:subtask.end + 1]:
-            if m.role == "assistant":
+            if m.role != "assistant" or m.harness:
+                continue
+            if ruled.get(m.episode_id, subtask.key) == subtask.key:
                 out[m.step_id].append(task_advantage[subtask.key])
     return out
 
@@ -41,7 +64,8 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
                 settings: NightConfig) -> tuple[dict, list[dict]]:
     """(training row, advantage-table rows) for one episode."""
     steps = episode.steps
-    assistants = [s for s in steps if s.role == "assistant" and not (s.meta or {}).get("probe")]
+    harness = [i for i, s in enumerate(steps) if (s.meta or {}).get("probe")]
+    assistants = [s for i, s in enumerate(steps) if s.role == "assistant" and i not in harness]
     penalty = settings.turn_penalty * max(0, len(assistants) - 1)
     messages, advantages, overrides, table = [], [], [], []
     tools: list = []
@@ -55,7 +79,7 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
             message.update(name=step.name or "", tool_call_id=step.tool_call_id or "")
         messages.append(message)
         value = None
-        if step.role == "assistant":
+        if step.role == "assistant" and i not in harness:
             parts = {}
             if covered.get(step.id):
                 parts["task"] = sum(covered[step.id]) / len(covered[step.id])
@@ -71,8 +95,23 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
         advantages.append(value)
     row = {"kind": "episode", "episode_id": episode.id, "channel": episode.channel_id,
            "split": split, "tools": tools, "messages": messages, "advantages": advantages,
-           "token_overrides": overrides, "labels": list(episode.labels)}
+           "token_overrides": overrides, "harness": harness, "labels": list(episode.labels)}
     return row, table
+
+
+def centre(rows: list[dict], table: list[dict]) -> float:
+    """Subtract the train split's mean message advantage from every episode row and
+    from the advantage table, in place; returns the mean taken."""
+    trained = [a for r in rows if r["kind"] == "episode" and r["split"] == "train"
+               for a in r["advantages"] if a is not None]
+    mean = sum(trained) / len(trained) if trained else 0.0
+    for row in rows:
+        if row["kind"] == "episode":
+            row["advantages"] = [None if a is None else a - mean for a in row["advantages"]]
+    for entry in table:
+        entry["advantage"] -= mean
+        entry["parts"]["centre"] = -mean
+    return mean
 
 
 def value_row(prompt: list[dict], answer: str, reward: float, baseline: float) -> dict:

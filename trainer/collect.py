@@ -1,11 +1,13 @@
 """Collect: the episodes a night may learn from, split and accounted for.
 
 An episode is excluded, and counted by reason, when it is incomplete (still
-open), aborted, errored, labelled rejected, or holds a secret. Labels
-(accepted/verified) stay on the episode for the SDFT path. The train/eval
-split is a hash of the episode id, so it never changes between nights. The
-manifest records every row's hash and the counts, so a night's data can be
-audited and compared later.
+open, or a cancelled turn), errored (a harness error), its check failed to
+run (``check-failed``: see ``trainer.rewards``; unless a person labelled it),
+or it holds a secret. Everything else is learnt from: a ``rejected`` episode
+is a negative example, and an ``aborted`` one (the agent hit the step limit)
+a failure with a negative reward. The train/eval split is a hash of the
+episode id, so it never changes between nights. The manifest records every
+row's hash and the counts, so a night's data can be audited and compared later.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.storage.store import Episode, Store
+from trainer.rewards import VERIFIER_EVENT, VerifierReward, person_reward, verifier_rewards
 from trainer.secrets import SecretScanner
 
-EXCLUDED_STATUS = {"open": "incomplete", "aborted": "aborted", "errored": "errored"}
+EXCLUDED_STATUS = {"open": "incomplete", "errored": "errored"}
 
 
 @dataclass
@@ -30,6 +33,7 @@ class Collection:
     episodes: list[Episode]
     split: dict[int, str]  # episode id -> "train" | "eval"
     excluded: Counter = field(default_factory=Counter)
+    verified: dict[int, VerifierReward] = field(default_factory=dict)  # stored check results
 
     def of_split(self, name: str) -> list[Episode]:
         return [e for e in self.episodes if self.split[e.id] == name]
@@ -49,12 +53,13 @@ def episode_text(episode: Episode) -> str:
     return "\n".join(parts)
 
 
-def exclusion(episode: Episode, scanner: SecretScanner) -> str | None:
+def exclusion(episode: Episode, scanner: SecretScanner,
+              verified: VerifierReward | None = None) -> str | None:
     """Why an episode may not be trained on, or None."""
     if episode.status in EXCLUDED_STATUS:
         return EXCLUDED_STATUS[episode.status]
-    if "rejected" in episode.labels:
-        return "rejected"
+    if verified is not None and verified.reward is None and person_reward(episode.labels) is None:
+        return "check-failed"
     if scanner.has_secret(episode_text(episode)):
         return "secret"
     if not any(s.role == "assistant" for s in episode.steps):
@@ -75,15 +80,18 @@ async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
     since = await last_night_end(store) if since is None else since
     until = time.time() if until is None else until
     episodes = [e for e in await store.episodes_since(since) if e.started_at <= until]
+    # A check's event comes after its episode ended, so after ``since`` too.
+    verified = verifier_rewards(await store.events(VERIFIER_EVENT, since))
     kept, excluded = [], Counter()
     for episode in episodes:
-        reason = exclusion(episode, scanner)
+        reason = exclusion(episode, scanner, verified.get(episode.id))
         if reason:
             excluded[reason] += 1
         else:
             kept.append(episode)
     split = {e.id: split_of(e.id, eval_percent) for e in kept}
-    return Collection(since, kept, split, excluded)
+    return Collection(since, kept, split, excluded,
+                      {e.id: verified[e.id] for e in kept if e.id in verified})
 
 
 def row_hash(row: dict) -> str:
@@ -91,9 +99,12 @@ def row_hash(row: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def write_manifest(path: Path, collection: Collection, rows: list[dict]) -> dict:
-    """The dataset manifest: counts and one hash per training row (atomically written)."""
+def write_manifest(path: Path, collection: Collection, rows: list[dict],
+                   extra: dict | None = None) -> dict:
+    """The dataset manifest: counts, ``extra`` (the night's reward sources and judge
+    agreement) and one hash per training row (atomically written)."""
     manifest = {
+        **(extra or {}),
         "created_at": time.time(),
         "since": collection.since,
         "counts": {

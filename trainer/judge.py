@@ -13,17 +13,17 @@ are enums of the indices shown, so llama.cpp's grammar keeps even a 135M
 model's reply valid. A reply that still fails validation is retried, and after
 ``night.judge_attempts`` the window is skipped and counted, never invented.
 
-A sub-task's length is the number of turns it used: its assistant messages.
+A sub-task's length is the number of turns it used: its assistant messages
+(the harness's stray-turn probe not counted).
 
-Deterministic verifiers (exact answers, tests, self-play reward functions) sit
-behind the ``Verifier`` protocol and take precedence where they apply.
+The judge reads every episode blind, labelled or not: rewards that outrank it
+(a check's, a person's) are applied afterwards by ``trainer.rewards``, which
+also measures how often the judge agrees with them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
-
 from bot.config import NightConfig
 from bot.storage.store import Episode
 from trainer.client import JsonClient
@@ -47,6 +47,7 @@ class Message:
     role: str
     content: str
     tool_calls: list | None = None
+    harness: bool = False  # the stray-turn probe: the harness's text, not the agent's
 
 
 @dataclass
@@ -57,8 +58,10 @@ class SubTask:
     description: str
     reward: float
     length: int
-    source: str = "judge"
+    source: str = "judge"  # "verifier" | "person" | "judge" (trainer.rewards)
     key: str = ""
+    check: str = ""  # which check or label gave a verifier/person reward
+    group: str = ""  # practice attempts of one task share a group (their mean is the baseline)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -75,15 +78,6 @@ class WindowResult:
     reason: str = ""
 
 
-class Verifier(Protocol):
-    """A deterministic judge; returns None where it does not apply."""
-
-    name: str
-
-    def judge(self, channel: str, day: list[Message], start: int, end: int) -> list[SubTask] | None:
-        ...
-
-
 def channel_days(episodes: list[Episode]) -> dict[str, list[Message]]:
     """Each channel's eligible episodes laid end to end, without system prompts."""
     days: dict[str, list[Message]] = {}
@@ -92,12 +86,12 @@ def channel_days(episodes: list[Episode]) -> dict[str, list[Message]]:
         for step in episode.steps:
             if step.role != "system":
                 day.append(Message(len(day), episode.id, step.id, step.role, step.content or "",
-                                   step.tool_calls))
+                                   step.tool_calls, bool((step.meta or {}).get("probe"))))
     return days
 
 
 def turns_used(day: list[Message], start: int, end: int) -> int:
-    return sum(1 for m in day[start:end + 1] if m.role == "assistant")
+    return sum(1 for m in day[start:end + 1] if m.role == "assistant" and not m.harness)
 
 
 def render(day: list[Message], lo: int, hi: int) -> str:
@@ -149,18 +143,12 @@ def validate(answer: object, channel: str, day: list[Message], lo: int, hi: int,
 
 
 class Judge:
-    def __init__(self, client: JsonClient, settings: NightConfig,
-                 verifiers: list[Verifier] = ()) -> None:
+    def __init__(self, client: JsonClient, settings: NightConfig) -> None:
         self.client = client
         self.settings = settings
-        self.verifiers = list(verifiers)
 
     async def judge_window(self, channel: str, day: list[Message], lo: int) -> WindowResult:
         hi = min(lo + self.settings.window_messages, len(day))
-        for verifier in self.verifiers:
-            found = verifier.judge(channel, day, lo, hi)
-            if found is not None:
-                return WindowResult(channel, lo, "judged", found, reason=f"verifier:{verifier.name}")
         view_lo, view_hi = lo, hi
         attempts = extends = 0
         problem = ""
@@ -195,33 +183,3 @@ class Judge:
         if view_hi > hi:
             text += f"\n\nLater context:\n{render(day, hi, view_hi)}"
         return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": text}]
-
-
-class ExactAnswerVerifier:
-    """A user message with ``meta.expected`` is a sub-task with a known answer: the next
-    final assistant message scores 1 if it contains the answer, else -1."""
-
-    name = "exact-answer"
-
-    def __init__(self, expected: dict[int, str]) -> None:
-        self.expected = expected  # step id -> expected answer
-
-    def judge(self, channel: str, day: list[Message], start: int, end: int) -> list[SubTask] | None:
-        found = []
-        for m in day[start:end]:
-            answer = self.expected.get(m.step_id)
-            if answer is None:
-                continue
-            final = next((a for a in day[m.index + 1:] if a.role == "assistant" and not a.tool_calls),
-                         None)
-            if final is None:
-                continue
-            ok = _normal(answer) in _normal(final.content)
-            found.append(SubTask(channel, m.index, final.index, f"answer {answer!r}",
-                                 1.0 if ok else -1.0, turns_used(day, m.index, final.index),
-                                 source=self.name, key=f"{channel}:{m.index}:{final.index}"))
-        return found or None
-
-
-def _normal(text: str) -> str:
-    return " ".join(text.lower().split())

@@ -1,13 +1,22 @@
 """The night, part 1: from a stored day to advantages and a training set.
 
-    collect -> judge (windows) -> value (predict each sub-task) -> understand
-            -> advantages (store table + JSONL + manifest) -> memory update
+    collect -> judge (windows, blind) -> rewards by precedence -> value (predict
+            each sub-task) -> understand -> advantages (store table + JSONL + manifest)
+
+Rewards (``trainer.rewards``): a stored check's reward or a person's label
+rules its episode; the judge's sub-tasks count everywhere else. The judge
+reads every episode anyway, and the night reports its agreement with the
+labels and checks (``NightResult.agreement``, also in the manifest).
 
 Every finished work item (a judged or skipped window, a prediction, an
 understanding score) is written to the store's night ledger as soon as it is
 done, so a night that crashed midway resumes without judging anything twice.
-The value memory is updated once, at the very end: no sub-task of this night
-influences another's prediction.
+
+The value memory is not touched here: ``remember`` adds the night's sub-tasks
+in one batch, and the night calls it only once training has succeeded. So no
+sub-task of this night influences another's prediction, and a re-run of the
+night (after a failed training) never retrieves its own answers; ``predict``
+also leaves out any memory of this night, in case one is already there.
 """
 
 from __future__ import annotations
@@ -22,13 +31,14 @@ from typing import Callable
 
 from bot.config import Config
 from bot.storage.store import Store
-from trainer.advantages import episode_row, message_advantages, value_row
+from trainer.advantages import centre, episode_row, message_advantages, value_row
 from trainer.client import JsonClient
-from trainer.collect import collect, write_manifest
-from trainer.judge import Judge, SubTask, Verifier, WindowResult, channel_days
+from trainer.collect import Collection, collect, write_manifest
+from trainer.judge import Judge, SubTask, WindowResult, channel_days
+from trainer.rewards import agreement, episode_subtask, overridden, person_reward, task_advantages
 from trainer.secrets import SecretScanner
 from trainer.understanding import sampled, understanding_score
-from trainer.value import Prediction, ValueMemory, advantages, predict, prediction_reward
+from trainer.value import Prediction, ValueMemory, predict, prediction_reward
 
 Progress = Callable[[str, dict], None]
 
@@ -40,6 +50,8 @@ class NightResult:
     manifest: dict
     counts: Counter = field(default_factory=Counter)
     timings: dict[str, float] = field(default_factory=dict)
+    subtasks: list[SubTask] = field(default_factory=list)  # what ``remember`` stores
+    agreement: dict = field(default_factory=dict)  # the judge against labels and checks
 
 
 def night_dir(config: Config, night_id: int) -> Path:
@@ -48,8 +60,7 @@ def night_dir(config: Config, night_id: int) -> Path:
 
 async def run_part1(config: Config, store: Store, night_id: int, client: JsonClient,
                     memory: ValueMemory, since: float | None, until: float,
-                    verifiers: list[Verifier] = (), progress: Progress = lambda s, d: None
-                    ) -> NightResult:
+                    progress: Progress = lambda s, d: None) -> NightResult:
     settings, counts, timings = config.night, Counter(), {}
     clock = time.perf_counter()
     scanner = SecretScanner(config.secret_values())
@@ -61,9 +72,10 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     progress("collected", dict(counts))
 
     clock = time.perf_counter()
-    judge = Judge(client, settings, list(verifiers))
-    subtasks = await _judge_all(store, night_id, judge, days, counts, progress)
+    judged = await _judge_all(store, night_id, Judge(client, settings), days, counts, progress)
+    ruling, subtasks, agreed = _by_precedence(collection, days, judged, settings, counts)
     timings["judge"] = time.perf_counter() - clock
+    progress("rewards", {"agreement": agreed})
 
     clock = time.perf_counter()
     predictions = await _predict_all(store, night_id, client, memory, subtasks, settings, counts,
@@ -71,22 +83,49 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     timings["value"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    understood = await _understand_all(store, night_id, client, collection.episodes, settings,
-                                       counts, progress)
+    unruled = [e for e in collection.episodes if e.id not in ruling]  # a check or label outranks it
+    understood = await _understand_all(store, night_id, client, unruled, settings, counts,
+                                       progress)
     timings["understand"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    rows, table = await _rows(store, days, collection, subtasks, predictions, understood, settings)
+    rows, table = await _rows(store, days, collection, subtasks, ruling, predictions, understood,
+                              settings, counts)
     await store.save_advantages(night_id, table)
     out = night_dir(config, night_id)
     dataset = _write_jsonl(out / "train.jsonl", rows)
-    manifest = write_manifest(out / "manifest.json", collection, rows)
+    sources = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("source:")}
+    manifest = write_manifest(out / "manifest.json", collection, rows,
+                              {"judge_agreement": agreed, "reward_sources": sources})
     counts["rows"], counts["advantages"] = len(rows), len(table)
     timings["advantages"] = time.perf_counter() - clock
-
-    memory.add_batch(subtasks, night_id, until)  # once, after everything was predicted
     progress("advantages", dict(counts))
-    return NightResult(night_id, dataset, manifest, counts, timings)
+    return NightResult(night_id, dataset, manifest, counts, timings, subtasks, agreed)
+
+
+def remember(memory: ValueMemory, result: NightResult, now: float) -> None:
+    """The night's one memory update: call it only after training succeeded."""
+    memory.add_batch(result.subtasks, result.night_id, now)
+
+
+def _by_precedence(collection: Collection, days: dict, judged: list[SubTask], settings,
+                   counts: Counter) -> tuple[dict[int, SubTask], list[SubTask], dict]:
+    """(episode -> the sub-task that rules it, the night's sub-tasks, judge agreement)."""
+    ruling = {}
+    for episode in collection.episodes:
+        found = episode_subtask(episode, days[episode.channel_id],
+                                collection.verified.get(episode.id), settings)
+        if found is not None:
+            ruling[episode.id] = found
+    people = {e.id: r for e in collection.episodes if (r := person_reward(e.labels)) is not None}
+    agreed = agreement(judged, ruling, days, people)
+    ruled = set(ruling)
+    kept = [s for s in judged if not overridden(s, days[s.channel], ruled)]
+    subtasks = [*ruling.values(), *kept]
+    for s in subtasks:
+        counts[f"source:{s.source}"] += 1
+    counts["subtasks_overridden"] = len(judged) - len(kept)
+    return ruling, subtasks, agreed
 
 
 async def _judge_all(store: Store, night_id: int, judge: Judge, days: dict, counts: Counter,
@@ -127,16 +166,17 @@ async def _predict_all(store: Store, night_id: int, client: JsonClient, memory: 
         if subtask.key in done:
             continue
         found = await predict(client, memory, subtask, settings.value_neighbours,
-                              settings.half_life_days)
+                              settings.half_life_days, exclude_night=night_id)
         done[subtask.key] = ({"missing": True} if found is None else
                              {"reward": found.reward, "length": found.length, "prompt": found.prompt,
                               "answer": found.answer, "neighbours": found.neighbours})
         await store.put_record(night_id, "prediction", subtask.key, done[subtask.key])
         progress("value", {"subtask": subtask.key})
+    wanted = {s.key for s in subtasks}  # the ledger may hold keys a label has since overridden
     out = {k: Prediction(k, v["reward"], v["length"], v["prompt"], v["answer"], v["neighbours"])
-           for k, v in done.items() if not v.get("missing")}
+           for k, v in done.items() if k in wanted and not v.get("missing")}
     counts["predictions"] = len(out)
-    counts["predictions_missing"] = sum(1 for v in done.values() if v.get("missing"))
+    counts["predictions_missing"] = sum(1 for k, v in done.items() if k in wanted and v.get("missing"))
     return out
 
 
@@ -151,31 +191,35 @@ async def _understand_all(store: Store, night_id: int, client: JsonClient, episo
         done[key] = {"score": score}
         await store.put_record(night_id, "understanding", key, done[key])
         progress("understanding", {"episode": episode.id})
-    out = {int(k): v["score"] for k, v in done.items() if v["score"] is not None}
+    asked = {str(e.id) for e in episodes}  # a resumed ledger may hold episodes since ruled
+    out = {int(k): v["score"] for k, v in done.items() if k in asked and v["score"] is not None}
     counts["understood"] = len(out)
     return out
 
 
-async def _rows(store: Store, days: dict, collection, subtasks: list[SubTask],
-                predictions: dict[str, Prediction], understood: dict[int, float],
-                settings) -> tuple[list[dict], list[dict]]:
-    task_adv = {}
-    for s in subtasks:
-        if s.key in predictions:
-            reward_adv, length_adv = advantages(s, predictions[s.key], settings.length_scale)
-            task_adv[s.key] = reward_adv + settings.length_weight * length_adv
+async def _rows(store: Store, days: dict, collection: Collection, subtasks: list[SubTask],
+                ruling: dict[int, SubTask], predictions: dict[str, Prediction],
+                understood: dict[int, float], settings, counts: Counter
+                ) -> tuple[list[dict], list[dict]]:
+    task_adv = task_advantages(subtasks, predictions, settings)
+    ruled = {episode: s.key for episode, s in ruling.items()}
     covered: dict[int, list[float]] = {}
     for channel, day in days.items():
         mine = [s for s in subtasks if s.channel == channel]
-        covered.update(message_advantages(day, mine, task_adv))
+        covered.update(message_advantages(day, mine, task_adv, ruled))
     strays = {e["payload"]["step_id"] for e in await store.events("stray_end_of_turn")
               if e["payload"].get("answer") == "no"}
     rows, table = [], []
     for episode in collection.episodes:
-        row, adv = episode_row(episode, collection.split[episode.id], covered,
-                               understood.get(episode.id), strays, settings)
+        understanding = None if episode.id in ruling else understood.get(episode.id)
+        row, adv = episode_row(episode, collection.split[episode.id], covered, understanding,
+                               strays, settings)
+        rule = ruling.get(episode.id)
+        row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
+                                if rule else {"source": "judge"})
         rows.append(row)
         table += adv
+    counts["advantage_mean_before_centring"] = round(centre(rows, table), 6)
     by_key = {s.key: s for s in subtasks}
     value_rewards = {k: prediction_reward(by_key[k], p) for k, p in predictions.items()
                      if k in by_key}

@@ -12,6 +12,10 @@ Resuming (``--job N`` again after a crash): part 1 resumes from the store's
 night ledger; a finished adapter, a verified release and a saved gate report
 are each kept, and only the missing stages run.
 
+The value memory learns the night's sub-tasks only after training succeeded
+(``trainer.night.remember``), so a night re-run after a failed training
+predicts from the same memory as its first run.
+
 Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
 checks its state between stages and between training steps.
 """
@@ -32,7 +36,7 @@ from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
 from trainer.gate import decide, eval_prompts, measure
-from trainer.night import night_dir, run_part1
+from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
 
@@ -47,6 +51,8 @@ class Night:
         self.config, self.store, self.job_id = config, store, job_id
         self.dir = night_dir(config, job_id)
         self.progress: dict = {}
+        self.part1: NightResult | None = None
+        self._memory: ValueMemory | None = None
 
     async def set(self, state: str | None = None, **progress) -> None:
         self.progress.update(progress, updated=time.time())
@@ -61,19 +67,33 @@ class Night:
 
     # -- stages ------------------------------------------------------------------------
 
+    def memory(self) -> ValueMemory:
+        if self._memory is None:  # one embedder load per night
+            self._memory = ValueMemory(self.config.data_dir / "value-memory", MiniLMEmbedder())
+        return self._memory
+
     async def judge(self) -> Path:
         await self.set("judging")
         until = self.progress.setdefault("collected_until", time.time())
         client = JsonClient.for_config(self.config)
-        memory = ValueMemory(self.config.data_dir / "value-memory", MiniLMEmbedder())
         try:
-            result = await run_part1(self.config, self.store, self.job_id, client, memory,
+            result = await run_part1(self.config, self.store, self.job_id, client, self.memory(),
                                      self.progress.get("since"), until,
                                      progress=lambda stage, info: None)
         finally:
             await client.close()
-        await self.set(counts=dict(result.counts), timings=result.timings)
+        self.part1 = result
+        await self.set(counts=dict(result.counts), timings=result.timings,
+                       judge_agreement=result.agreement)
         return result.dataset
+
+    async def remember(self) -> None:
+        """The value memory's one update of this night, after training succeeded."""
+        if self.part1 is None or self.progress.get("remembered"):
+            return
+        await asyncio.to_thread(remember, self.memory(), self.part1,
+                                self.progress["collected_until"])
+        await self.set(remembered=True)
 
     async def train(self, dataset: Path, base_dir: Path) -> dict:
         adapter = self.dir / "adapter"
@@ -85,7 +105,9 @@ class Night:
         t = self.config.train
         settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, lr=t.lr, batch=t.batch,
                             micro_batch=t.micro_batch, epochs=t.epochs, steps=t.steps or None,
-                            max_tokens=t.max_tokens, seed=self.config.night.seed, progress=False)
+                            min_steps=t.min_steps,
+                            max_tokens=t.max_tokens or self.config.model.context_tokens,
+                            seed=self.config.night.seed, progress=False)
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)
 
@@ -189,6 +211,7 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     dataset = await night.judge()
     await night.check()
     trained = await night.train(dataset, base_dir)
+    await night.remember()
     await night.check()
     release = await night.export(base_dir, trained["steps"])
     await night.check()

@@ -7,7 +7,12 @@ sequences. Each token has a kind and the index of the row message it came from:
   calls), up to and including its ``<|im_end|>``; OAPL trains these.
 - ``OBSERVATION``: user messages and tool outputs; ECHO predicts these.
 - ``IGNORE``: the system prompt, the tool list and the template's glue
-  (role headers, ``Result of NAME:`` prefixes, newlines the harness inserted).
+  (role headers, ``Result of NAME:`` prefixes, newlines the harness inserted),
+  and harness text that neither the model nor the user wrote: the messages a
+  row lists in ``harness`` (the stray-turn probe: its question, the agent's
+  forced JSON answer, the go-ahead) and the notice the agent appends to a tool
+  output it cut (``CUT_NOTICE``). They stay in the context, as the model saw
+  them, but are neither trained (not actions) nor predicted (not observations).
 
 The server is ``llama_cpp.server --chat_format chatml-function-calling``
 (llama-cpp-python 0.3.36) started through ``bot.serving.shim``, which turns off
@@ -74,6 +79,7 @@ Other chat formats are refused with a clear error rather than rendered wrongly.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +90,8 @@ from bot.serving.wire import FUNCTION_CALLING, server_messages, tool_result_part
 IGNORE, ACTION, OBSERVATION = 0, 1, 2
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 END = "<|im_end|>"
+# bot.agent's note at the end of a tool output it cut: "\n[... N more characters cut: ...]".
+CUT_NOTICE = re.compile(r"\n\[\.\.\. \d+ more characters cut[^\]]*\]\Z")
 
 _TOOL_INTRO = "\n\nYou have access to the following functions:\n"
 _TOOL_OUTRO = (
@@ -141,7 +149,11 @@ def _user(original: dict, sent: dict, i: int, observe: bool) -> list[_Segment]:
     kind = OBSERVATION if observe else IGNORE
     if original.get("role") == "tool":
         prefix, output = tool_result_parts(original)  # neutralised, as the server read them
-        body = [_Segment(prefix, IGNORE, -1), _Segment(str(output), kind, i)]
+        output = str(output)
+        notice = CUT_NOTICE.search(output)
+        cut = notice.start() if notice else len(output)
+        body = [_Segment(prefix, IGNORE, -1), _Segment(output[:cut], kind, i),
+                _Segment(output[cut:], IGNORE, -1)]
     else:
         body = [_Segment(str(sent["content"]), kind, i)]
     return [*body, _Segment(END + "\n", IGNORE, -1)]
@@ -176,7 +188,7 @@ def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segm
 
 
 def _segments(messages: list[dict], tools: list[dict], actions: set[int],
-              observe: bool) -> list[_Segment]:
+              observe: bool, harness: frozenset[int] = frozenset()) -> list[_Segment]:
     segs = []
     for i, (original, sent) in enumerate(zip(messages, server_messages(messages, FUNCTION_CALLING))):
         role = sent.get("role")
@@ -184,7 +196,7 @@ def _segments(messages: list[dict], tools: list[dict], actions: set[int],
         if role == "system":
             segs += _system(sent["content"], tools, i)
         elif role == "user":
-            segs += _user(original, sent, i, observe)
+            segs += _user(original, sent, i, observe and i not in harness)
         elif role == "assistant":
             maker = _assistant_as_generated if i in actions else _assistant_as_rendered
             segs += maker(sent, tools, i)
@@ -208,9 +220,12 @@ def render_prompt(messages: list[dict], tools: list[dict] | None,
     return "".join(s.text for s in _segments(messages, shown, set(), True)) + GENERATION_PROMPT
 
 
-def action_messages(messages: list[dict], tools: list[dict] | None, view: str) -> set[int]:
-    """The assistant messages generated under ``view``'s rendering (see the module doc)."""
-    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+def action_messages(messages: list[dict], tools: list[dict] | None, view: str,
+                    harness: frozenset[int] = frozenset()) -> set[int]:
+    """The assistant messages generated under ``view``'s rendering (see the module doc);
+    ``harness`` messages are never actions."""
+    assistants = [i for i, m in enumerate(messages)
+                  if m.get("role") == "assistant" and i not in harness]
     if view == "tools":
         return {i for i in assistants if messages[i].get("tool_calls")} if tools else set()
     if view == "plain":
@@ -219,17 +234,20 @@ def action_messages(messages: list[dict], tools: list[dict] | None, view: str) -
 
 
 def render(messages: list[dict], tools: list[dict] | None, tokenizer: Any, *, view: str,
-           observe: bool | None = None, add_generation_prompt: bool = False) -> Rendered:
+           observe: bool | None = None, add_generation_prompt: bool = False,
+           harness: frozenset[int] = frozenset()) -> Rendered:
     """Tokens, kinds and message indices of ``messages`` under one view.
 
     ``observe`` marks user and tool contents as observations; by default only
     where ``render_row`` counts them (the tools view, or rows without tools).
+    ``harness`` lists messages that are the harness's text (all IGNORE).
     """
     tools = list(tools or [])
-    actions = action_messages(messages, tools, view)
+    harness = frozenset(harness)
+    actions = action_messages(messages, tools, view, harness)
     if observe is None:
         observe = view == "tools" or not tools
-    segs = _segments(messages, tools if view == "tools" else [], actions, observe)
+    segs = _segments(messages, tools if view == "tools" else [], actions, observe, harness)
     if add_generation_prompt:
         segs.append(_Segment(GENERATION_PROMPT, IGNORE, -1))
     char_kind, char_msg, cuts, seen = [], [], [], set()
@@ -258,17 +276,18 @@ def render_row(row: dict, tokenizer: Any, *, max_tokens: int | None = None,
         raise ValueError(f"trainer.tokens renders only {FUNCTION_CALLING!r}, not {chat_format!r}; "
                          "set model.chat_format to it or add a renderer for the format")
     messages, tools = row["messages"], row.get("tools") or []
+    harness = frozenset(row.get("harness") or ())
     out = []
-    tool_actions = action_messages(messages, tools, "tools")
+    tool_actions = action_messages(messages, tools, "tools", harness)
     if tool_actions:
-        out.append(_finish(render(messages, tools, tokenizer, view="tools", observe=True),
-                           row, tool_actions, max_tokens))
-    plain_actions = action_messages(messages, tools, "plain")
+        out.append(_finish(render(messages, tools, tokenizer, view="tools", observe=True,
+                                  harness=harness), row, tool_actions, max_tokens))
+    plain_actions = action_messages(messages, tools, "plain", harness)
     if plain_actions:
         observe = not tool_actions  # observations count once, in the tools view when there is one
         shown = messages if observe else messages[: max(plain_actions) + 1]
-        out.append(_finish(render(shown, tools, tokenizer, view="plain", observe=observe),
-                           row, plain_actions, max_tokens))
+        out.append(_finish(render(shown, tools, tokenizer, view="plain", observe=observe,
+                                  harness=harness), row, plain_actions, max_tokens))
     return out
 
 

@@ -12,6 +12,17 @@ Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
    of the batch means (messages for OAPL, sequences for ECHO).
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only.
 
+Steps: ``steps`` when set; else ``epochs`` passes over the data, but never
+fewer than ``min_steps`` (16): a day's data is often one batch, and 1-3 Adam
+steps a night change nothing. 16 is the prototype's count (2 epochs of 8
+batches of 64) that lifted held-out exact match by +24 pp; ``bench/learning.py``
+is where it gets re-chosen. Each epoch is a fresh seeded shuffle.
+
+The remainder batch: an epoch of n sequences ends with a batch of n % batch.
+Its loss is weighted by its size (n % batch) / batch, so its few sequences
+weigh what they would inside a full batch, not as much as 64 others. A night
+smaller than one batch has no remainder (its one batch is full-sized for it).
+
 Memory: the LoRA (r=16, alpha=32, no dropout) sits on q, k, v, o, gate, up and
 down; gradient checkpointing is on; sequences are right-padded with no
 attention mask (causal attention never lets a real token see the padding
@@ -78,8 +89,9 @@ class Settings:
     batch: int = 64  # sequences per optimizer step (gradient accumulation)
     micro_batch: int = 2  # sequences per forward/backward
     epochs: int = 1
-    steps: int | None = None  # optimizer steps; overrides epochs when set
-    max_tokens: int = 4096  # longer sequences are cut
+    steps: int | None = None  # optimizer steps; overrides epochs and min_steps when set
+    min_steps: int = 16  # the fewest optimizer steps when steps is unset (epochs repeat)
+    max_tokens: int = 8192  # longer sequences are cut; the night passes the served context
     seed: int = 0
     chunk: int = 512  # positions per lm_head + log-softmax chunk
     lora_r: int = 16
@@ -231,11 +243,10 @@ class Policy(nn.Module):
 # -- loop ---------------------------------------------------------------------------
 
 
-def _batches(n: int, settings: Settings, processes: int = 1) -> Iterator[list[int]]:
-    """Seeded shuffles of the examples, cut into batches, epoch after epoch.
-
-    A remainder too small to give every process a sequence joins the batch before it.
-    """
+def _batches(n: int, settings: Settings, processes: int = 1) -> Iterator[tuple[list[int], float]]:
+    """(indices, loss weight): seeded shuffles of the examples, cut into batches, epoch
+    after epoch. The remainder batch weighs its size over the batch size; one too small
+    to give every process a sequence joins the batch before it (weight 1)."""
     rng = random.Random(settings.seed)
     while True:
         order = list(range(n))
@@ -244,12 +255,22 @@ def _batches(n: int, settings: Settings, processes: int = 1) -> Iterator[list[in
         if len(starts) > 1 and n - starts[-1] < processes:
             starts.pop()
         for start, stop in zip(starts, [*starts[1:], n]):
-            yield order[start:stop]
+            size = stop - start
+            weight = size / settings.batch if len(starts) > 1 and size < settings.batch else 1.0
+            yield order[start:stop], weight
 
 
 def _batches_per_epoch(n: int, batch: int, processes: int) -> int:
     full, rest = divmod(n, batch)
     return full + (1 if rest and (rest >= processes or not full) else 0)
+
+
+def planned_steps(n: int, settings: Settings, processes: int = 1) -> int:
+    """Optimizer steps for n sequences: ``steps``, else max(epochs' batches, min_steps)."""
+    if settings.steps:
+        return settings.steps
+    return max(settings.epochs * _batches_per_epoch(n, settings.batch, processes),
+               settings.min_steps)
 
 
 def _micro_batches(chosen: list[Example], size: int) -> list[list[Example]]:
@@ -280,8 +301,9 @@ def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pa
     return oapl, echo, stats
 
 
-def _train_step(ctx: dict, chosen: list[Example]) -> dict:
-    """One optimizer step over this process's share of a batch; returns its event."""
+def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
+    """One optimizer step over this process's share of a batch, its loss scaled by
+    ``weight`` (the remainder batch's size share); returns its event."""
     acc, settings, policy = ctx["accelerator"], ctx["settings"], ctx["policy"]
     started = time.perf_counter()
     mine = chosen[acc.process_index::acc.num_processes]
@@ -292,8 +314,8 @@ def _train_step(ctx: dict, chosen: list[Example]) -> dict:
     totals = {"oapl": 0.0, "echo": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings.micro_batch)
     for i, micro in enumerate(micros):
-        w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes
-        w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes
+        w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
+        w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:
             oapl, echo, stats = micro_losses(policy, micro, settings, ctx["pad_id"], acc.device)
@@ -313,7 +335,7 @@ def _train_step(ctx: dict, chosen: list[Example]) -> dict:
         "oapl": totals["oapl"], "echo": totals["echo"], "total": totals["oapl"] + totals["echo"],
         "logratio_pos": totals["pos"] / totals["n_pos"] if totals["n_pos"] else None,
         "logratio_neg": totals["neg"] / totals["n_neg"] if totals["n_neg"] else None,
-        "grad_norm": float(grad_norm), "sequences": len(mine), "tokens": tokens,
+        "grad_norm": float(grad_norm), "weight": weight, "sequences": len(mine), "tokens": tokens,
         "seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
     }
 
@@ -338,8 +360,7 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     if len(examples) < accelerator.num_processes:
         raise ValueError(f"{len(examples)} training sequences for {accelerator.num_processes} "
                          "processes: launch fewer processes")
-    steps = settings.steps or settings.epochs * _batches_per_epoch(
-        len(examples), settings.batch, accelerator.num_processes)
+    steps = planned_steps(len(examples), settings, accelerator.num_processes)
     # model
     model = load_model(base_dir, settings)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -352,8 +373,10 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     history, seen = [], 0
     show = settings.progress and accelerator.is_local_main_process
     bar = tqdm(total=steps, desc="train", disable=not show)
-    for step, chosen in zip(range(1, steps + 1), _batches(len(examples), settings, accelerator.num_processes)):
-        event = {"step": step, "steps": steps, **_train_step(ctx, [examples[i] for i in chosen])}
+    batches = _batches(len(examples), settings, accelerator.num_processes)
+    for step, (chosen, weight) in zip(range(1, steps + 1), batches):
+        event = {"step": step, "steps": steps,
+                 **_train_step(ctx, [examples[i] for i in chosen], weight)}
         seen += event["tokens"]
         history.append(event)
         bar.update(1)
@@ -382,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="the night's training set (JSONL)")
     parser.add_argument("--base", required=True, help="the HF checkpoint to start from")
     parser.add_argument("--out", required=True, help="where the PEFT adapter is written")
-    for name in ("steps", "epochs", "batch", "micro_batch", "max_tokens", "seed", "chunk"):
+    for name in ("steps", "epochs", "min_steps", "batch", "micro_batch", "max_tokens", "seed",
+                 "chunk"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))

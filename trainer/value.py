@@ -7,12 +7,15 @@ sub-task we retrieve the k nearest past ones and weight each by
     weight = similarity * 0.5 ** (age_days / half_life_days)
 
 then give the weighted memory to the served model, which answers its
-prediction (score -2..2, length) under a JSON schema. Advantages:
+prediction (score -2..2, length) under a JSON schema. Advantages
+(``trainer.rewards.task_advantages``):
 
     A_reward = r - r_hat          A_length = -(len - len_hat) / length_scale
 
-The memory is updated once, in one batch, after the whole night is judged and
-predicted: no sub-task of this night can influence another's prediction.
+The memory is updated once, in one batch, after the night's training has
+succeeded (``trainer.night.remember``): no sub-task of this night can influence
+another's prediction, and a night run again after a failure never retrieves
+its own answers. ``nearest`` also leaves out the memories of the night asking.
 
 The prediction texts become training sequences too, with
 reward = -(|r - r_hat| / 2 + |len - len_hat| / max(len, len_hat)) / 2, in [-1, 0],
@@ -60,14 +63,15 @@ class ValueMemory:
         self.collection = self.client.get_or_create_collection(
             name, embedding_function=embedder, metadata={"hnsw:space": "cosine"})
 
-    def nearest(self, description: str, k: int, now: float,
-                half_life_days: float) -> list[dict]:
-        """The k nearest memories with their weights, heaviest first."""
+    def nearest(self, description: str, k: int, now: float, half_life_days: float,
+                exclude_night: int | None = None) -> list[dict]:
+        """The k nearest memories (none of night ``exclude_night``), heaviest first."""
         count = self.collection.count()
         if count == 0:
             return []
+        where = None if exclude_night is None else {"night": {"$ne": exclude_night}}
         found = self.collection.query(query_texts=[description], n_results=min(k, count),
-                                      include=["documents", "metadatas", "distances"])
+                                      where=where, include=["documents", "metadatas", "distances"])
         out = []
         for text, meta, distance in zip(found["documents"][0], found["metadatas"][0],
                                         found["distances"][0]):
@@ -86,8 +90,8 @@ class ValueMemory:
         self.collection.upsert(
             ids=[f"{night_id}:{s.key}" for s in subtasks],
             documents=[s.description for s in subtasks],
-            metadatas=[{"reward": s.reward, "length": s.length, "date": now,
-                        "channel": s.channel, "night": night_id} for s in subtasks])
+            metadatas=[{"reward": s.reward, "length": s.length, "date": now, "channel": s.channel,
+                        "night": night_id, "source": s.source} for s in subtasks])
 
     def count(self) -> int:
         return self.collection.count()
@@ -107,10 +111,10 @@ def value_prompt(subtask: SubTask, memory: list[dict]) -> list[dict]:
 
 async def predict(client: JsonClient, memory: ValueMemory, subtask: SubTask, k: int,
                   half_life_days: float, now: float | None = None,
-                  attempts: int = 3) -> Prediction | None:
+                  attempts: int = 3, exclude_night: int | None = None) -> Prediction | None:
     """The model's prediction for one sub-task, or None when no valid answer came."""
     now = time.time() if now is None else now
-    neighbours = memory.nearest(subtask.description, k, now, half_life_days)
+    neighbours = memory.nearest(subtask.description, k, now, half_life_days, exclude_night)
     prompt = value_prompt(subtask, neighbours)
     for attempt in range(attempts):  # greedy first; retries sample
         answer, raw = await client.ask(prompt, SCHEMA, 32, "value_prediction",
@@ -120,12 +124,6 @@ async def predict(client: JsonClient, memory: ValueMemory, subtask: SubTask, k: 
             return Prediction(subtask.key, answer["score"] / 2, float(answer["length"]),
                               prompt, raw, len(neighbours))
     return None
-
-
-def advantages(subtask: SubTask, prediction: Prediction, length_scale: float) -> tuple[float, float]:
-    """(reward advantage, length advantage)."""
-    return (subtask.reward - prediction.reward,
-            -(subtask.length - prediction.length) / length_scale)
 
 
 def prediction_reward(subtask: SubTask, prediction: Prediction) -> float:

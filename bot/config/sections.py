@@ -269,6 +269,9 @@ class NightConfig(_Section):
     stray_advantage: float = Field(
         -1.0, le=0, description="advantage on a stray end-of-turn's last token (<= 0)"
     )
+    aborted_reward: float = Field(
+        -1.0, ge=-1, le=0, description="reward of a turn stopped by the step limit (-1..0)"
+    )
     seed: int = Field(0, description="an integer seed for the night's samples")
     auto_promote: bool = Field(
         False, description="true to serve a candidate that passes the gate at once"
@@ -301,7 +304,19 @@ class TrainConfig(_Section):
     micro_batch: int = Field(2, ge=1, description="sequences per forward pass (>= 1)")
     epochs: int = Field(1, ge=1, le=20, description="passes over the night's data (1..20)")
     steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as epochs need")
-    max_tokens: int = Field(2048, ge=128, description="the longest training sequence (>= 128)")
+    min_steps: int = Field(
+        16, ge=1, description="the fewest optimizer steps when steps = 0 (>= 1)"
+    )
+    max_tokens: int = Field(
+        0, ge=0, description="the longest training sequence; 0 = model.context_tokens"
+    )
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _whole_rows(cls, value: int) -> int:
+        if 0 < value < 128:
+            raise ValueError("must be 0 (the served context) or at least 128")
+        return value
 
 
 class SandboxConfig(_Section):

@@ -1,0 +1,185 @@
+"""Reward sources by precedence (verifier > person > judge), through the night's part 1
+against a scripted judge server; the verifier event contract; harness steps in rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.config import NightConfig
+from bot.storage.embedder import MiniLMEmbedder
+from bot.storage.schema import Episode, StoredStep
+from bot.storage.store import Store
+from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
+from trainer.advantages import episode_row
+from trainer.rewards import VERIFIER_EVENT, person_reward, read_verifier_event, verifier_rewards
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return MiniLMEmbedder()
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await Store.open(tmp_path / "store.db")
+    yield s
+    await s.close()
+
+
+def always(score: int):
+    """A judge that reports every window's first four messages with one score."""
+    def answer(kind, body):
+        if kind == REPORT:
+            return report([{"start": 0, "end": 3, "description": "the task", "score": score}])
+        if kind == "understanding":
+            return {"agent_understood": 2, "user_understood": 2}
+        return {"score": 0, "length": 2}
+    return answer
+
+
+def by_channel(result) -> dict:
+    return {s.channel: s for s in result.subtasks}
+
+
+async def test_a_check_outranks_a_label_which_outranks_the_step_limit_which_outranks_the_judge(
+        store, tmp_path, embedder):
+    checked, _, _ = await tool_episode(store, "checked")
+    await store.add_label(checked, "rejected", "reaction")  # a check that ran outranks the label
+    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 0.0, "check": "exact"})
+    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+    relabelled, _, _ = await tool_episode(store, "relabelled")
+    await store.add_label(relabelled, "accepted", "reaction")
+    await store.add_label(relabelled, "rejected", "reaction")  # the latest label wins
+    await tool_episode(store, "looped", status="aborted")
+    rescued, _, _ = await tool_episode(store, "rescued", status="aborted")
+    await store.add_label(rescued, "accepted", "admin")
+    await tool_episode(store, "plain")
+    server = await serve(always(2))  # the judge likes everything
+    try:
+        result, _ = await run(config_for(tmp_path, understanding_fraction=1.0), store, server,
+                              embedder)
+    finally:
+        await server.stop()
+    got = {c: (s.source, s.check, s.reward) for c, s in by_channel(result).items()}
+    assert got == {"checked": ("verifier", "exact", 1.0),
+                   "relabelled": ("person", "label", -1.0),
+                   "looped": ("verifier", "step-limit", -1.0),
+                   "rescued": ("person", "label", 1.0),
+                   "plain": ("judge", "", 1.0)}
+    assert len(server.of(REPORT)) == 5  # every episode judged, blind
+    assert result.counts["subtasks_overridden"] == 4
+    assert result.manifest["reward_sources"] == {"verifier": 2, "person": 2, "judge": 1}
+    # A check or a label rules its episode, so the understanding pass reads only "plain".
+    assert len(server.of("understanding")) == 1
+
+
+async def test_the_judge_is_measured_against_labels_and_checks(store, tmp_path, embedder):
+    for channel, label in (("good", "accepted"), ("bad", "rejected"), ("worse", "rejected")):
+        episode, _, _ = await tool_episode(store, channel)
+        await store.add_label(episode, label, "reaction")
+    checked, _, _ = await tool_episode(store, "checked")
+    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 0.0, "check": "regex"})
+    await tool_episode(store, "unlabelled")
+    server = await serve(always(1))  # the judge calls every answer good
+    try:
+        result, _ = await run(config_for(tmp_path), store, server, embedder)
+    finally:
+        await server.stop()
+    assert result.agreement["person"] == {"n": 3, "agree": 1, "percent": 33.3, "uncovered": 0}
+    assert result.agreement["verifier"] == {"n": 1, "agree": 0, "percent": 0.0, "uncovered": 0}
+    assert result.manifest["judge_agreement"] == result.agreement
+
+
+async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp_path, embedder):
+    good, _, _ = await tool_episode(store, "good")
+    await store.add_label(good, "accepted", "reaction")
+    bad, _, _ = await tool_episode(store, "bad")
+    await store.add_label(bad, "rejected", "reaction")
+    looped, _, _ = await tool_episode(store, "looped", status="aborted")
+    server = await serve(always(2))
+    try:
+        result, _ = await run(config_for(tmp_path), store, server, embedder)
+    finally:
+        await server.stop()
+    rows = {r["episode_id"]: r for r in map(json.loads, result.dataset.read_text().splitlines())
+            if r["kind"] == "episode"}
+    assert set(rows) == {good, bad, looped}
+    assert rows[looped]["reward_source"] == {"source": "verifier", "check": "step-limit",
+                                             "reward": -1.0}
+    assert rows[bad]["reward_source"] == {"source": "person", "check": "label", "reward": -1.0}
+    judged = {e: [a for a in r["advantages"] if a is not None] for e, r in rows.items()}
+    assert all(a > 0 for a in judged[good]) and len(judged[good]) == 2
+    assert all(a < 0 for a in judged[bad] + judged[looped])
+    # r_hat = 0, length 2 = len_hat: A_task = r; the turn penalty 0.02 on each, then centred
+    table = {(r["episode_id"], r["step_id"]): r for r in await store.advantages(1)}
+    looped_parts = [r["parts"] for (e, _), r in table.items() if e == looped]
+    assert looped_parts[0]["task"] == -1.0 and looped_parts[0]["turn_penalty"] == -0.02
+    assert looped_parts[0]["centre"] == pytest.approx(-(1 - 1 - 1 - 3 * 0.02) / 3)
+
+
+async def test_practice_attempts_of_one_task_are_measured_against_their_group_mean(
+        store, tmp_path, embedder):
+    for i, reward in enumerate((1.0, 0.0, 1.0)):
+        channel = f"practice-{i}"
+        episode, _, _ = await tool_episode(store, channel)
+        await store.add_event(channel, episode, VERIFIER_EVENT,
+                              {"reward": reward, "check": "exact", "task": "t1", "group": "run1:t1"})
+    single, _, _ = await tool_episode(store, "single")
+    await store.add_event("single", single, VERIFIER_EVENT,
+                          {"reward": 1.0, "check": "exact", "group": "run1:t2"})
+    server = await serve(always(0))  # value model: score 0, length 2
+    try:
+        result, _ = await run(config_for(tmp_path), store, server, embedder)
+    finally:
+        await server.stop()
+    tasks = {r["episode_id"]: r["parts"]["task"] for r in await store.advantages(1)}
+    # rewards 1, -1, 1 around their mean 1/3 (equal lengths: no length term)
+    assert [round(tasks[e], 6) for e in sorted(tasks)[:3]] == [0.666667, -1.333333, 0.666667]
+    assert tasks[single] == 1.0  # a group of one falls back to the value model (r_hat = 0)
+
+
+def test_the_verifier_event_contract():
+    ok = read_verifier_event({"reward": 0.75, "check": "regex", "task": "a", "group": "g"})
+    assert (ok.reward, ok.check, ok.task, ok.group) == (0.5, "regex", "a", "g")
+    for payload, error in (({"reward": None, "check": "python:f.py", "error": "timed out"}, "timed out"),
+                           ({"check": "exact"}, "no reward"),
+                           ({"reward": 1.5, "check": "exact"}, "not a number in [0, 1]"),
+                           ({"reward": True, "check": "exact"}, "not a number in [0, 1]"),
+                           ({"reward": float("nan"), "check": "exact"}, "not a number"),
+                           ({"reward": "1", "check": "exact"}, "not a number"),
+                           ({"reward": 1.0}, "names no check")):
+        unjudged = read_verifier_event(payload)
+        assert unjudged.reward is None and error in unjudged.error, payload
+    events = [{"id": 2, "episode_id": 7, "payload": {"reward": 0.0, "check": "exact"}},
+              {"id": 1, "episode_id": 7, "payload": {"reward": 1.0, "check": "exact"}},
+              {"id": 3, "episode_id": None, "payload": {"reward": 1.0, "check": "exact"}}]
+    assert {e: v.reward for e, v in verifier_rewards(events).items()} == {7: -1.0}
+
+
+def test_the_latest_person_label_wins():
+    assert person_reward(["accepted", "rejected"]) == -1.0
+    assert person_reward(["rejected", "verified"]) == 1.0
+    assert person_reward([]) is None
+
+
+def _step(i: int, role: str, content: str = "", probe: bool = False, calls=None) -> StoredStep:
+    return StoredStep(role=role, content=content, tool_calls=calls,
+                      meta={"probe": "stray"} if probe else None,
+                      id=100 + i, episode_id=1, channel_id="c", seq=i, created_at=0.0)
+
+
+def test_the_stray_probe_is_listed_as_harness_and_gets_no_advantage():
+    steps = [_step(0, "system", "sys"), _step(1, "user", "do it"), _step(2, "assistant", "done?"),
+             _step(3, "user", "Did you mean to end your turn?", probe=True),
+             _step(4, "assistant", '{"answer": "no"}', probe=True),
+             _step(5, "user", "Then continue", probe=True), _step(6, "assistant", "Done.")]
+    episode = Episode(1, "c", 0.0, 1.0, "complete", None, steps)
+    covered = {s.id: [0.5] for s in steps if s.role == "assistant"}
+    row, table = episode_row(episode, "train", covered, None, {102}, NightConfig())
+    assert row["harness"] == [3, 4, 5]
+    assert row["advantages"] == [None, None, pytest.approx(0.48), None, None, None,
+                                 pytest.approx(0.48)]  # 0.5 minus one extra turn's 0.02
+    assert [t["step_id"] for t in table] == [102, 106]
+    assert row["token_overrides"] == [{"message": 2, "token": -1, "advantage": -1.0}]
