@@ -212,6 +212,11 @@ class AgentConfig(_Section):
     max_format_errors: int = Field(
         3, ge=1, description="malformed tool calls in a row before the turn ends (>= 1)"
     )
+    repeat_limit: int = Field(
+        3, ge=2,
+        description="the same tool call with the same arguments and result this many times "
+                    "in a turn ends tool use for the turn: the model must answer (>= 2)",
+    )
     tool_output_chars: int = Field(
         4000, ge=200, description="characters of one tool output kept in context (>= 200)"
     )
