@@ -177,6 +177,11 @@ class DiscordConfig(_Section):
     )
     allow_dms: bool = Field(True, description="true or false: answer direct messages")
     command_prefix: str = Field("!", min_length=1, max_length=3, description="1-3 characters, e.g. !")
+    status_after_s: float = Field(
+        10, ge=0,
+        description="seconds a turn runs before a status message shows its current step "
+                    "(>= 0; 0 = never)",
+    )
 
     @field_validator("token_env")
     @classmethod
