@@ -204,9 +204,10 @@ class AgentConfig(_Section):
                     "results) to include (>= 0)",
     )
     max_reply_tokens: int = Field(512, ge=1, description="a positive token count")
-    tools: list[str] = Field(
-        default_factory=list,
-        description="a list of tool names the agent may use (empty = every tool)",
+    tools: Literal["auto", "all"] | list[str] = Field(
+        "auto",
+        description='"auto" (a small core set for the embedded model, every tool for '
+                    'another model), "all", or a list of tool names',
     )
     clear_scratch_after_turn: bool = Field(
         False, description="true to empty the workspace's scratch/ at the end of each turn"
