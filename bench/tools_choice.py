@@ -112,14 +112,16 @@ async def measure(llm: LLM, config: Config, names: list[str]) -> dict:
 
 
 def report(result: dict) -> None:
-    calls = result["calls"]
-    formed = f"{result['formed']}/{calls} ({100 * result['formed'] / calls:.0f}%)" if calls else "0/0"
+    calls, right, prompts = result["calls"], result["right"], result["prompts"]
+    formed = f"{result['formed']}/{calls} ({100 * result['formed'] / calls:.0f}%)" if calls \
+        else "0/0"
     print(f"{result['tools']:>2} tools: right choice {result['right_applicable']}/"
           f"{result['applicable']} of the prompts it can serve; served "
-          f"{result['right']}/{result['prompts']} ({100 * result['right'] / result['prompts']:.0f}%)"
+          f"{right}/{prompts} ({100 * right / prompts:.0f}%)"
           f"; well-formed calls {formed}; {result['seconds']:.1f} s")
     for prompt, needed, got, ok in result["rows"]:
-        print(f"    {'ok ' if ok else 'BAD'} needs {needed or '(words)':<11} got {got:<11} {prompt}")
+        mark = "ok " if ok else "BAD"
+        print(f"    {mark} needs {needed or '(words)':<11} got {got:<11} {prompt}")
 
 
 async def main() -> None:

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.config import Config
-from bot.guards import REPEAT_NOTE, RepeatWatch, format_note, looks_like_template_call, template_call
+from bot.guards import (REPEAT_NOTE, RepeatWatch, format_note, looks_like_template_call,
+                        template_call)
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Step, Store, StoredStep
 
