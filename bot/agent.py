@@ -159,14 +159,15 @@ class Agent:
     # -- the turn -------------------------------------------------------------
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
-        await self.store.ensure_channel(channel, channel)
         history = await self.store.channel_history(channel, self.config.agent.history_steps)
-        episode = await self.store.start_episode(channel, self.config.model.alias)
         system = self.system_prompt(channel)
-        # The tool schemas are stored with the prompt: the night renders what the model saw.
-        await self._store(episode, Step(role="system", content=system,
-                                        meta={"tools": self.tools.schemas()}))
-        await self._store(episode, Step(role="user", content=text, name=speaker))
+        # The tool schemas are stored with the prompt (once per tool set, by reference):
+        # the night renders what the model saw. Episode, prompt and message: one commit.
+        tools_ref = await self.store.tool_set_ref(self.tools.schemas())
+        now = time.time()
+        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
+            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
         messages = [{"role": "system", "content": system}, *history_messages(history),
                     {"role": "user", "content": text}]
         return await self.run(channel, episode, messages)

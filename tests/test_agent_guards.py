@@ -152,3 +152,19 @@ async def test_call_syntax_after_tools_were_withdrawn_is_not_run(store, tmp_path
     assert "no tools are offered" in llm.calls[-1][0][-1]["content"]
     ep = await episode(store, result.episode_id)
     assert sum(1 for s in ep.steps if s.role == "tool") == 2  # the text call was not run
+
+
+async def test_the_tool_list_is_stored_once_per_tool_set_and_read_back_with_the_episode(
+        store, tmp_path):
+    agent, llm = make_agent(store, lambda messages, kw: say("ok"), tmp_path)
+    first = await agent.turn("general", "one")
+    second = await agent.turn("general", "two")
+    episodes = {e.id: e for e in await store.episodes_since(0)}
+    for result in (first, second):
+        system = episodes[result.episode_id].steps[0]
+        assert system.role == "system"
+        assert system.meta["tools"] == agent.tools.schemas()  # what the model was offered
+    refs = {episodes[r.episode_id].steps[0].meta["tools_ref"] for r in (first, second)}
+    assert len(refs) == 1
+    rows = await store._fetch("SELECT ref FROM tool_sets")
+    assert [r["ref"] for r in rows] == list(refs)  # stored once for both turns
