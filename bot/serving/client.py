@@ -224,7 +224,7 @@ class LLM:
                     # client.post, not chat.completions.create: create() first walks the
                     # request through the SDK's typed transform, ~10 ms for 40 tool schemas
                     # (the harness's largest cost per turn, bench/agent.py); same JSON sent.
-                    completion = await client.post("/chat/completions", body=body,
+                    completion = await client.post("/chat/completions", content=body,
                                                    cast_to=ChatCompletion)
             except _RETRYABLE as exc:
                 if attempt == self.attempts:
