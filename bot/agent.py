@@ -85,6 +85,7 @@ class _Turn:
     asked: bool = False  # the stray end-of-turn question was asked
     repeats: RepeatWatch | None = None
     no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
+    last_step_id: int | None = None  # the latest stored assistant step
 
 
 @dataclass
@@ -221,6 +222,7 @@ class Agent:
         offered = set() if turn.no_tools else self.tool_names()
         reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
         stored = await self._store(turn.episode, _assistant_step(reply))
+        turn.last_step_id = stored.id
         messages.append(_assistant_message(reply))
         return reply, stored
 
@@ -319,7 +321,7 @@ class Agent:
         turn.no_tools = True
         await self.store.add_event(turn.channel, turn.episode, "repeated_call", {
             "lesson": "repeated polling", "tool": name, "arguments": str(arguments)[:500],
-            "count": count, "step": turn.steps})
+            "count": count, "step": turn.steps, "step_id": turn.last_step_id})
         return output + REPEAT_NOTE.format(count=_ordinal(count))
 
     async def _attach_image(self, episode: int, messages: list[dict], image: dict) -> None:

@@ -120,6 +120,10 @@ async def test_a_call_repeated_with_the_same_result_is_stopped_and_answered(stor
     ep = await episode(store, result.episode_id)
     assert ep.status == "complete"
     assert "3rd time" in [s for s in ep.steps if s.role == "tool"][-1].content
+    # the event names the assistant message that made the repeated call, for the night
+    caller = next(s for s in ep.steps if s.id == events[0]["payload"]["step_id"])
+    assert caller.role == "assistant" and caller.tool_calls[0]["function"]["name"] == "read_file"
+    assert caller.seq == ep.steps[-3].seq  # ..., the 3rd read, its observation, the answer
 
 
 async def test_a_repeat_whose_result_changes_is_not_a_loop(store, tmp_path):
