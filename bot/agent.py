@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.config import Config
-from bot.guards import (REPEAT_NOTE, RepeatWatch, format_note, looks_like_template_call,
+from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Step, Store, StoredStep
@@ -322,7 +322,7 @@ class Agent:
         await self.store.add_event(turn.channel, turn.episode, "repeated_call", {
             "lesson": "repeated polling", "tool": name, "arguments": str(arguments)[:500],
             "count": count, "step": turn.steps, "step_id": turn.last_step_id})
-        return output + REPEAT_NOTE.format(count=_ordinal(count))
+        return output + repeat_note(count)
 
     async def _attach_image(self, episode: int, messages: list[dict], image: dict) -> None:
         """Show a viewed image to a vision model; the step records its cached hash."""
@@ -412,11 +412,6 @@ def _yes_no(text: str) -> str:
     except (ValueError, AttributeError):
         value = text
     return "no" if str(value).strip().lower().startswith("no") else "yes"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def _recent_start(messages: list[dict], keep: int) -> int:

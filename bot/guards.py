@@ -77,6 +77,11 @@ def format_note(text: str, tool_names: set[str]) -> str:
     return FORMAT_NOTE.format(shown=shown, names=", ".join(sorted(tool_names)))
 
 
+def repeat_note(count: int) -> str:
+    suffix = "th" if 10 <= count % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(count % 10, "th")
+    return REPEAT_NOTE.format(count=f"{count}{suffix}")
+
+
 class RepeatWatch:
     """Counts identical (tool, arguments, result) triples within one turn."""
 
