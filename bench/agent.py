@@ -71,7 +71,8 @@ class FixedServer:
         return None
 
 
-async def scripted_throughput(turns: int, channels: int, data_dir: Path) -> float:
+async def scripted_throughput(turns: int, channels: int, data_dir: Path,
+                              tools: str = "auto") -> float:
     queue: multiprocessing.Queue = multiprocessing.Queue()
     server = multiprocessing.Process(target=_serve, args=(queue,), daemon=True)
     server.start()
@@ -80,6 +81,7 @@ async def scripted_throughput(turns: int, channels: int, data_dir: Path) -> floa
         config = Config()
         config.paths.data_dir = data_dir
         config.agent.queue_size = turns
+        config.agent.tools = tools
         base = f"http://127.0.0.1:{port}/v1"
         llm = LLM(config, base_url=base)
         rt = await Runtime.start(config, supervisor=FixedServer(base, config.served_gguf),
@@ -137,11 +139,15 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--channels", type=int, default=50)
     parser.add_argument("--model-turns", type=int, default=3)
+    parser.add_argument("--tools", default="auto,all",
+                        help="agent.tools profiles to measure, comma-separated")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        rate = asyncio.run(scripted_throughput(args.turns, args.channels, Path(tmp) / "a"))
-        print(f"scripted server: {rate:,.0f} turns/s across {args.channels} channels "
-              f"({args.turns} turns; goal >= 2,000)")
+        for tools in args.tools.split(","):
+            rate = asyncio.run(scripted_throughput(args.turns, args.channels,
+                                                   Path(tmp) / f"a-{tools}", tools))
+            print(f"scripted server, agent.tools = {tools!r}: {rate:,.0f} turns/s across "
+                  f"{args.channels} channels ({args.turns} turns; goal >= 2,000)")
         share, median_ms, overhead_ms = asyncio.run(model_share(args.model_turns, Path(tmp) / "b"))
         print(f"embedded model: harness share {share * 100:.2f}% of turn wall time "
               f"(median turn {median_ms:.0f} ms, harness {overhead_ms:.1f} ms/turn; goal <= 2%)")

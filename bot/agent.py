@@ -13,6 +13,16 @@ it as observations saying what was wrong and what is valid; after
 message. Harness bugs are raised. Reasoning (``<think>...</think>``) from
 earlier turns is dropped from later contexts, as the night's data drops it.
 
+Two guards (``bot.guards``): a reply whose text is the template's call syntax
+(``functions.NAME: {...}``) is run as the call it is or re-asked as a format
+error, never delivered; and the same call with the same arguments and result,
+repeated ``agent.repeat_limit`` times, gets an observation saying so and then
+one ask without tools, for an answer. Both are stored as events for the night.
+
+``Agent.progress(channel, text)`` is told each step and each tool run, so a
+front end can show that a turn is working (the console on stderr, Discord as
+a status message).
+
 When the context outgrows the window, older messages are compacted into a
 summary written by the model; the system section and the recent turns stay.
 """
@@ -29,6 +39,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.config import Config
+from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
+                        template_call)
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Step, Store, StoredStep
 
@@ -73,6 +85,9 @@ class _Turn:
     tool_rounds: int = 0
     format_errors: int = 0  # malformed tool calls in a row
     asked: bool = False  # the stray end-of-turn question was asked
+    repeats: RepeatWatch | None = None
+    no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
+    last_step_id: int | None = None  # the latest stored assistant step
 
 
 @dataclass
@@ -152,18 +167,21 @@ class Agent:
         self.tools = tools
         self.context_for = context_for
         self.sys_section = sys_section
+        # (channel, what the turn is doing now); a front end replaces it to show progress.
+        self.progress: Callable[[str, str], None] = lambda channel, text: None
 
     # -- the turn -------------------------------------------------------------
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
-        await self.store.ensure_channel(channel, channel)
         history = await self.store.channel_history(channel, self.config.agent.history_steps)
-        episode = await self.store.start_episode(channel, self.config.model.alias)
         system = self.system_prompt(channel)
-        # The tool schemas are stored with the prompt: the night renders what the model saw.
-        await self._store(episode, Step(role="system", content=system,
-                                        meta={"tools": self.tools.schemas()}))
-        await self._store(episode, Step(role="user", content=text, name=speaker))
+        # The tool schemas are stored with the prompt (once per tool set, by reference):
+        # the night renders what the model saw. Episode, prompt and message: one commit.
+        tools_ref = await self.store.tool_set_ref(self.tools.schemas())
+        now = time.time()
+        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
+            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
         messages = [{"role": "system", "content": system}, *history_messages(history),
                     {"role": "user", "content": text}]
         return await self.run(channel, episode, messages)
@@ -176,14 +194,17 @@ class Agent:
                 compact the context if it would overflow      (_fit)
                 ask the model, store its message              (_step)
                 tool calls?  run them, store the observations (_tool_round)
-                             and stop after too many malformed calls in a row
+                             and stop after too many malformed calls in a row;
+                             a call repeated with the same result: no tools next
+                call syntax as text?  re-ask, a format error  (_format_error)
                 no calls?    ask whether it meant to stop     (_meant_to_continue)
                              otherwise it is the answer       (_answer)
 
         A ``TurnEnded`` (a limit, a server failure) ends the turn with its message;
         anything else is a harness bug: the episode is marked errored and it is raised.
         """
-        turn = _Turn(channel, episode, self.context_for(channel))
+        turn = _Turn(channel, episode, self.context_for(channel),
+                     repeats=RepeatWatch(self.config.agent.repeat_limit))
         try:
             while True:
                 self._count_step(turn)
@@ -191,6 +212,8 @@ class Agent:
                 reply, stored = await self._step(turn, messages)
                 if reply.tool_calls:
                     await self._tool_round(turn, messages, reply.tool_calls)
+                elif looks_like_template_call(reply.content):
+                    await self._format_error(turn, messages, reply.content)
                 elif not await self._stray(turn, messages, reply, stored):
                     return await self._answer(turn, reply)
         except TurnEnded as end:
@@ -208,14 +231,30 @@ class Agent:
         turn.steps += 1
 
     async def _step(self, turn: _Turn, messages: list[dict]) -> tuple[Reply, StoredStep]:
-        reply = await self._ask(messages)
+        self.progress(turn.channel, f"step {turn.steps}: thinking")
+        offered = set() if turn.no_tools else self.tool_names()
+        reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
         stored = await self._store(turn.episode, _assistant_step(reply))
+        turn.last_step_id = stored.id
         messages.append(_assistant_message(reply))
         return reply, stored
 
     async def _tool_round(self, turn: _Turn, messages: list[dict], calls: list[dict]) -> None:
         turn.tool_rounds += 1
-        bad = await self._run_tools(turn.episode, messages, calls, turn.ctx)
+        bad = await self._run_tools(turn, messages, calls)
+        self._count_format_error(turn, bad)
+
+    async def _format_error(self, turn: _Turn, messages: list[dict], text: str) -> None:
+        """Call syntax as text that is no valid call: say what is valid and ask again."""
+        note = format_note(text, set() if turn.no_tools else self.tool_names())
+        await self._store(turn.episode, Step(role="user", content=note,
+                                             meta={"probe": "format"}))
+        messages.append({"role": "user", "content": note})
+        await self.store.add_event(turn.channel, turn.episode, "template_syntax",
+                                   {"text": text[:200]})
+        self._count_format_error(turn, True)
+
+    def _count_format_error(self, turn: _Turn, bad: bool) -> None:
         turn.format_errors = turn.format_errors + 1 if bad else 0
         if turn.format_errors >= self.config.agent.max_format_errors:
             raise TurnEnded(f"(I could not form a valid tool call {turn.format_errors} "
@@ -259,24 +298,26 @@ class Agent:
 
     # -- steps ----------------------------------------------------------------
 
-    async def _ask(self, messages: list[dict]) -> Reply:
+    async def _ask(self, messages: list[dict], tools: bool = True) -> Reply:
         try:
-            return await self.llm.chat(messages, tools=self.tools.schemas() or None,
+            return await self.llm.chat(messages,
+                                       tools=(self.tools.schemas() or None) if tools else None,
                                        max_tokens=self.config.agent.max_reply_tokens,
                                        temperature=self.config.agent.temperature)
         except LLMError as exc:
             raise TurnEnded(f"(the model server failed: {exc})", status="errored") from exc
 
-    async def _run_tools(self, episode: int, messages: list[dict], calls: list[dict],
-                         ctx: Any) -> bool:
+    async def _run_tools(self, turn: _Turn, messages: list[dict], calls: list[dict]) -> bool:
         """Run each call in order and store its observation; True if any was malformed."""
-        malformed = False
+        episode, malformed = turn.episode, False
         for call in calls:
             name = call["function"]["name"]
+            self.progress(turn.channel, f"step {turn.steps}: running {name}")
             started = time.time()
-            result = await self.tools.call(name, call["function"]["arguments"], ctx)
+            result = await self.tools.call(name, call["function"]["arguments"], turn.ctx)
             malformed |= result.meta.get("error") in FORMAT_ERRORS
             output = self._truncate(result.output if result.ok else f"ERROR: {result.output}")
+            output = await self._repeat_check(turn, call, output)
             step = Step(role="tool", content=output, tool_call_id=call.get("id"), name=name,
                         started_at=started, duration_ms=(time.time() - started) * 1000,
                         meta={"ok": result.ok, **result.meta})
@@ -286,6 +327,19 @@ class Agent:
             if result.ok and "image" in result.meta and self.config.model.vision:
                 await self._attach_image(episode, messages, result.meta["image"])
         return malformed
+
+    async def _repeat_check(self, turn: _Turn, call: dict, output: str) -> str:
+        """``output``, with a note once the same call has given it ``repeat_limit`` times;
+        the next ask then offers no tools (seed lesson: repeated polling)."""
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        count = turn.repeats.see(name, arguments, output)
+        if not turn.repeats.tripped(count):
+            return output
+        turn.no_tools = True
+        await self.store.add_event(turn.channel, turn.episode, "repeated_call", {
+            "lesson": "repeated polling", "tool": name, "arguments": str(arguments)[:500],
+            "count": count, "step": turn.steps, "step_id": turn.last_step_id})
+        return output + repeat_note(count)
 
     async def _attach_image(self, episode: int, messages: list[dict], image: dict) -> None:
         """Show a viewed image to a vision model; the step records its cached hash."""

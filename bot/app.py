@@ -48,6 +48,7 @@ async def run_bot(config: Config) -> int:
                 renderer.info(night_line(job))
 
             rt.night.listeners.append(night_progress)
+            rt.agent.progress = renderer.progress
 
             async def turn(channel: str, text: str):
                 if rt.night.server_paused:

@@ -3,7 +3,10 @@
 It reads lines from standard input (a terminal or a pipe), so
 ``printf '#general hello\n' | make run`` prints the reply and exits at EOF.
 A line without ``#name`` goes to the channel used last (``general`` at first).
-Everything the user sees goes through ``ConsoleRenderer``.
+Everything the user sees goes through ``ConsoleRenderer``. While a turn runs,
+the agent's progress (the step, the tool being run) goes to stderr: one line
+per update in a pipe, or one line rewritten in place on a terminal, cleared
+when the reply comes.
 """
 
 from __future__ import annotations
@@ -51,13 +54,30 @@ class ConsoleRenderer:
 
     def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
         self.out, self.err = out, err
+        self._live = err.isatty()  # rewrite one status line in place
+        self._shown = False  # a live status line is on screen
+
+    def progress(self, channel: str, text: str) -> None:
+        """What a running turn is doing (``Agent.progress``); stderr, never the replies."""
+        if self._live:
+            print(f"\r\x1b[K[#{channel}] ... {text}", end="", file=self.err, flush=True)
+            self._shown = True
+        else:
+            print(f"[#{channel}] ... {text}", file=self.err, flush=True)
+
+    def _clear(self) -> None:
+        if self._shown:
+            print("\r\x1b[K", end="", file=self.err, flush=True)
+            self._shown = False
 
     def reply(self, channel: str, text: str, files: list[str] = ()) -> None:
+        self._clear()
         print(f"[#{channel}] {text}", file=self.out, flush=True)
         for name in files:
             print(f"[#{channel}] (file sent: {name})", file=self.out, flush=True)
 
     def info(self, text: str) -> None:
+        self._clear()
         print(text, file=self.err, flush=True)
 
 

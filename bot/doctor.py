@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from bot.config import Config, masked_dump
+from bot.model_pair import check_pair
 from bot.serving.client import LLM
 from bot.serving.supervisor import ServerSupervisor
 from sandbox.paths import Workspace
@@ -36,6 +37,14 @@ async def check_model_files(config: Config) -> tuple[bool, str]:
         return False, "; ".join(problems)
     size = gguf.stat().st_size / 2**20
     return True, f"{gguf.name} ({size:.0f} MiB), HF checkpoint {hf.name}"
+
+
+async def check_model_pair(config: Config) -> tuple[bool, str]:
+    """The GGUF served and the HF checkpoint trained must be one model (bot.model_pair)."""
+    gguf, hf = config.served_gguf, config.base_hf_dir
+    if not gguf.is_file() or not (hf / "config.json").is_file():
+        return False, "needs both model files (see the line above)"
+    return await asyncio.to_thread(check_pair, gguf, hf)
 
 
 async def check_server(config: Config) -> tuple[bool, str]:
@@ -95,6 +104,7 @@ async def check_disk(config: Config) -> tuple[bool, str]:
 
 CHECKS: list[tuple[str, Check]] = [
     ("model files", check_model_files),
+    ("model pair", check_model_pair),
     ("server start and canary", check_server),
     ("bubblewrap", check_bubblewrap),
     ("chromadb and embedder", check_embedder),

@@ -15,12 +15,13 @@ from typing import Any
 
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
-from bot.config import Config, ConfigError
+from bot.config import Config
 from bot.serving.client import LLM
 from bot.night.releases import Releases
 from bot.night.watch import NightWatch
 from bot.serving.supervisor import ServerSupervisor
 from bot.storage.store import Store
+from bot.tool_profiles import tool_names
 from sandbox.paths import workspace_for
 from tools import Registry, ToolContext, default_registry
 from sandbox.process import Limits, Sandbox
@@ -64,17 +65,10 @@ class ChannelSpaces:
 
 
 def _registry(config: Config) -> Registry:
-    """Every tool, or only those named in ``agent.tools``."""
+    """The tools of ``agent.tools``'s profile (see ``bot.tool_profiles``)."""
     full = default_registry()
-    wanted = config.agent.tools
-    if not wanted:
-        return full
-    unknown = sorted(set(wanted) - set(full.names()))
-    if unknown:
-        raise ConfigError(f"agent.tools = {unknown} names unknown tools. Fix: use names from "
-                          f"{', '.join(full.names())}, or [] for all.")
     chosen = Registry()
-    for name in wanted:
+    for name in tool_names(config, full.names()):
         chosen.register(full.get(name))
     return chosen
 

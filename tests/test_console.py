@@ -45,6 +45,55 @@ async def test_console_answers_each_line_in_order_and_stops_at_eof():
     assert "ran !sleep in c" in err.getvalue()
 
 
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def console_with_agent(tmp_path, err):
+    """run_console over a real Agent (store, loop) with a scripted model that calls a tool."""
+    from bot.agent import Agent
+    from bot.config import Config
+    from bot.storage.store import Store
+    from tests.scripted import ScriptedLLM, call, say
+    from tests.test_agent import AddTools
+
+    config = Config()
+    config.paths.data_dir = tmp_path
+    store = await Store.open(tmp_path / "store.db")
+    llm = ScriptedLLM([call("add", {"a": 2, "b": 3}), say("5")])
+    agent = Agent(config, llm, store, AddTools(), context_for=lambda channel: None)
+    out, renderer = io.StringIO(), ConsoleRenderer(io.StringIO(), err)
+    renderer.out = out
+    agent.progress = renderer.progress
+
+    async def turn(channel, text):
+        return await agent.turn(channel, text)
+
+    try:
+        await run_console(turn, None, renderer, io.StringIO("#math what is 2+3?\n"))
+    finally:
+        await store.close()
+    return out.getvalue()
+
+
+async def test_progress_lines_name_the_step_and_tool_on_a_piped_stderr(tmp_path):
+    err = io.StringIO()
+    out = await console_with_agent(tmp_path, err)
+    assert out == "[#math] 5\n"
+    assert err.getvalue().splitlines() == ["[#math] ... step 1: thinking",
+                                           "[#math] ... step 1: running add",
+                                           "[#math] ... step 2: thinking"]
+
+
+async def test_on_a_terminal_one_progress_line_is_rewritten_and_cleared(tmp_path):
+    err = Terminal()
+    await console_with_agent(tmp_path, err)
+    shown = err.getvalue()
+    assert "\n" not in shown.replace("Nightshift console. /help for help.\n", "")
+    assert shown.count("\r\x1b[K[#math] ... ") == 3 and shown.endswith("\r\x1b[K")
+
+
 @pytest.mark.slow
 def test_piped_run_replies_through_the_real_server_and_stores_the_turn(tmp_path, served_gguf,
                                                                        free_port):
@@ -65,3 +114,4 @@ def test_piped_run_replies_through_the_real_server_and_stores_the_turn(tmp_path,
     roles = [r[0] for r in rows]
     assert roles[:2] == ["system", "user"] and rows[1][1] == "hello"
     assert "assistant" in roles
+    assert "[#general] ... step 1: thinking" in done.stderr  # progress went to stderr

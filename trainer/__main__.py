@@ -22,9 +22,9 @@ def _since(text: str | None) -> float | None:
 
 
 def _setup(config, args) -> int:
-    from trainer.basemodel import ensure_embedded_model
+    from trainer.basemodel import ensure_model
 
-    hf_dir, served = ensure_embedded_model(config)
+    hf_dir, served = ensure_model(config)
     print(f"HF copy: {hf_dir}\nserved GGUF: {served}")
     return 0
 
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
     parser.add_argument("--config", help="path to config.toml (default: embedded defaults)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("setup", help="prepare the embedded model: HF copy and q8_0 GGUF (idempotent)")
+    sub.add_parser("setup", help="prepare the model: the embedded one (HF copy, q8_0 GGUF), "
+                   "or model.hf_dir's q8_0 conversion (idempotent)")
     sleep = sub.add_parser("sleep", help="run (or resume) a night: judge, train, export, gate")
     sleep.add_argument("--job", type=int, help="resume this night job")
     sleep.add_argument("--since", help="collect episodes since (ISO time or unix seconds)")

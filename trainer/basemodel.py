@@ -84,6 +84,25 @@ def make_hf_copy(gguf: Path, out_dir: Path, dtype: str = HF_DTYPE) -> Path:
     return out_dir
 
 
+def ensure_model(config: Config) -> tuple[Path, Path]:
+    """The configured model's (HF checkpoint, served GGUF), made where missing.
+
+    model.gguf set: it is served as it is. Only model.hf_dir set: its q8_0
+    conversion (``config.served_gguf``) is made once. Neither: the embedded model.
+    """
+    if config.model.hf_dir is None and config.model.gguf is None:
+        return ensure_embedded_model(config)
+    hf_dir, served = config.base_hf_dir, config.served_gguf
+    if config.model.hf_dir is None:
+        make_hf_copy(embedded_source_gguf(), hf_dir)  # a GGUF of its own, the embedded base
+    if not served.is_file():
+        served.parent.mkdir(parents=True, exist_ok=True)
+        conv = fetch_converter(config.cache_dir)
+        print(f"converting {hf_dir} to q8_0: {served} ...", flush=True)
+        convert_hf_to_gguf(conv, hf_dir, served, outtype="q8_0")
+    return hf_dir, served
+
+
 def ensure_embedded_model(config: Config) -> tuple[Path, Path]:
     """Make sure the HF copy and the served q8_0 GGUF exist; return both paths."""
     hf_dir, served = config.embedded_hf_dir, config.embedded_gguf

@@ -80,7 +80,13 @@ class Config(_Section):
 
     @property
     def served_gguf(self) -> Path:
-        return self.model.gguf or self.embedded_gguf
+        """model.gguf; else the q8_0 conversion of model.hf_dir (made by ``trainer
+        setup``); else the embedded model's."""
+        if self.model.gguf:
+            return self.model.gguf
+        if self.model.hf_dir:
+            return self.models_dir / f"{self.model.hf_dir.name}-q8_0.gguf"
+        return self.embedded_gguf
 
     @property
     def base_hf_dir(self) -> Path:

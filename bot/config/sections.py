@@ -179,6 +179,11 @@ class DiscordConfig(_Section):
         False, description="true or false: answer direct messages (they follow the allow lists)"
     )
     command_prefix: str = Field("!", min_length=1, max_length=3, description="1-3 characters, e.g. !")
+    status_after_s: float = Field(
+        10, ge=0,
+        description="seconds a turn runs before a status message shows its current step "
+                    "(>= 0; 0 = never)",
+    )
 
     @field_validator("token_env")
     @classmethod
@@ -201,9 +206,10 @@ class AgentConfig(_Section):
                     "results) to include (>= 0)",
     )
     max_reply_tokens: int = Field(512, ge=1, description="a positive token count")
-    tools: list[str] = Field(
-        default_factory=list,
-        description="a list of tool names the agent may use (empty = every tool)",
+    tools: Literal["auto", "all"] | list[str] = Field(
+        "auto",
+        description='"auto" (a small core set for the embedded model, every tool for '
+                    'another model), "all", or a list of tool names',
     )
     shared_notes_channels: list[str] = Field(
         default_factory=list,
@@ -218,6 +224,11 @@ class AgentConfig(_Section):
     )
     max_format_errors: int = Field(
         3, ge=1, description="malformed tool calls in a row before the turn ends (>= 1)"
+    )
+    repeat_limit: int = Field(
+        3, ge=2,
+        description="the same tool call with the same arguments and result this many times "
+                    "in a turn ends tool use for the turn: the model must answer (>= 2)",
     )
     tool_output_chars: int = Field(
         4000, ge=200, description="characters of one tool output kept in context (>= 200)"

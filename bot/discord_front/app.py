@@ -4,7 +4,8 @@ Each Discord channel is one agent channel (key: the channel id; a DM:
 ``dm-<user id>``), served by the Runtime's channel workers, so channels run
 concurrently and each one's turns run in order. The bot answers where the
 access policy (``bot.discord_front.access``) allows, shows typing while a turn
-runs, saves the user's attachments into the channel's workspace and uploads
+runs (and, past ``discord.status_after_s``, a status message naming the current
+step, deleted when the reply is sent), saves the user's attachments into the channel's workspace and uploads
 the files the agent sent. A full queue answers with the Busy message, and a
 failed turn with a short apology; neither ends the handler.
 
@@ -41,6 +42,7 @@ from bot.discord_front.access import (
 from bot.discord_front.slash import add_admin_commands
 from bot.night.jobs import night_line
 from bot.discord_front.render import (
+    TurnStatuses,
     outgoing_files,
     save_attachments,
     send_reply,
@@ -132,6 +134,8 @@ class NightshiftBot(commands.Bot):
         self.rt = rt
         self.replies = ReplyIndex(rt.store)
         self.night_messages: dict[int, discord.Message] = {}  # job id -> its progress message
+        self.statuses = TurnStatuses(rt.config.discord.status_after_s)
+        rt.agent.progress = self.statuses.update
         add_admin_commands(self, rt)
         rt.night.listeners.append(self.night_progress)
 
@@ -191,7 +195,7 @@ class NightshiftBot(commands.Bot):
         key = channel_key(message.channel, message.author.id)
         if self.rt.night.server_paused:
             await send_reply(message, ASLEEP)
-        async with message.channel.typing():
+        async with message.channel.typing(), self.statuses.showing(key, message.channel):
             outcome = await self._turn(key, message, text)
         if isinstance(outcome, str):
             await send_reply(message, outcome)

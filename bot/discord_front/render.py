@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -232,3 +233,85 @@ def _write_free(workspace: Any, name: str, data: bytes) -> str:
             out.write(data)
         return rel
     raise OSError(f"no free name for {name} in {UPLOADS}/")
+
+
+# -- progress --------------------------------------------------------------------
+
+
+class TurnStatus:
+    """A short status message for a turn that runs longer than ``after_s``.
+
+    Typing shows that the bot is at work, but not for how long nor on what. Past
+    the threshold one message is sent naming the agent's current step (from
+    ``Agent.progress``), edited as the steps change (at most one edit per
+    ``edit_every_s``, since Discord rate-limits edits), and deleted when the
+    turn ends: the reply is the record, the status only a sign of life.
+    A failed send or edit is logged and ends the status; it never ends the turn.
+    """
+
+    def __init__(self, channel: discord.abc.Messageable, after_s: float,
+                 edit_every_s: float = 2.0) -> None:
+        self.channel, self.after_s = channel, after_s
+        self.edit_every_s = min(edit_every_s, after_s)
+        self.text = "starting"
+        self.message: discord.Message | None = None
+        self._changed = asyncio.Event()
+        self._started = asyncio.get_running_loop().time()
+
+    def update(self, text: str) -> None:
+        self.text = text
+        self._changed.set()
+
+    def line(self) -> str:
+        elapsed = asyncio.get_running_loop().time() - self._started
+        return f"\N{HOURGLASS WITH FLOWING SAND} working ({elapsed:.0f} s): {self.text}"
+
+    async def run(self) -> None:
+        try:
+            await asyncio.sleep(self.after_s)
+            self.message = await self.channel.send(self.line())
+            while True:
+                await self._changed.wait()
+                self._changed.clear()
+                await self.message.edit(content=self.line())
+                await asyncio.sleep(self.edit_every_s)  # later changes wait: one edit
+        except discord.HTTPException as exc:
+            logger.warning("turn status message failed: %s", exc)
+
+    async def remove(self) -> None:
+        if self.message is not None:
+            try:
+                await self.message.delete()
+            except discord.HTTPException as exc:
+                logger.warning("could not delete a turn status message: %s", exc)
+
+
+class TurnStatuses:
+    """The status of each channel's running turn; ``update`` is ``Agent.progress``."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._live: dict[str, list[TurnStatus]] = {}
+
+    def update(self, key: str, text: str) -> None:
+        waiting = self._live.get(key)
+        if waiting:
+            waiting[0].update(text)  # a channel's turns run in order: the first is running
+
+    @contextlib.asynccontextmanager
+    async def showing(self, key: str, channel: discord.abc.Messageable):
+        if self.after_s <= 0:
+            yield None
+            return
+        status = TurnStatus(channel, self.after_s)
+        self._live.setdefault(key, []).append(status)
+        task = asyncio.create_task(status.run(), name=f"status:{key}")
+        try:
+            yield status
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            self._live[key].remove(status)
+            if not self._live[key]:
+                del self._live[key]
+            await status.remove()

@@ -18,12 +18,19 @@ For the swap's drain, the LLM counts its requests in flight per base URL and
 registers with the supervisor, which asks before it stops a server
 (``bot.serving.swap``). The count goes up in the same synchronous step that reads the
 URL, and down when the request ends, however it ends.
+
+The request body is serialised here, once per request, with the tool list's
+JSON cached per tool list: the registry hands out one list object per tool
+set, and 40 schemas cost ~1 ms to serialise, more than the rest of a turn's
+harness work (bench/agent.py). A tool list must not be changed in place
+after it was sent; a new list is a new cache entry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -96,6 +103,7 @@ class LLM:
         self._client: openai.AsyncOpenAI | None = None
         self._retired: list[openai.AsyncOpenAI] = []
         self._in_flight: Counter[str] = Counter()  # base URL without trailing "/" -> requests
+        self._tools_json: dict[int, tuple[list, str]] = {}  # id(tools) -> (tools, its JSON)
         register = getattr(supervisor, "register_client", None)
         if register is not None:
             register(self)  # a swap drains our requests on the old server before stopping it
@@ -191,8 +199,22 @@ class LLM:
             return answer
         return reply
 
+    def _body(self, params: dict[str, Any]) -> bytes:
+        """``params`` as JSON, the tool list's part from the cache."""
+        tools = params.get("tools")
+        if not tools:
+            return json.dumps(params).encode()
+        cached = self._tools_json.get(id(tools))
+        if cached is None or cached[0] is not tools:  # the list is kept: its id stays unique
+            if len(self._tools_json) >= 16:  # a few tool sets in practice; never unbounded
+                self._tools_json.clear()
+            cached = self._tools_json[id(tools)] = (tools, json.dumps(tools))
+        rest = json.dumps({k: v for k, v in params.items() if k != "tools"})
+        return f'{rest[:-1]}, "tools": {cached[1]}}}'.encode()
+
     async def _complete(self, params: dict[str, Any]) -> Reply:
         await self._close_drained()
+        body = self._body(params)
         for attempt in range(1, self.attempts + 1):
             await self._until_ready(attempt - 1)
             # No await from here until the request is counted: a swap that moves the
@@ -204,7 +226,7 @@ class LLM:
                     # client.post, not chat.completions.create: create() first walks the
                     # request through the SDK's typed transform, ~10 ms for 40 tool schemas
                     # (the harness's largest cost per turn, bench/agent.py); same JSON sent.
-                    completion = await client.post("/chat/completions", body=params,
+                    completion = await client.post("/chat/completions", content=body,
                                                    cast_to=ChatCompletion)
             except _RETRYABLE as exc:
                 if attempt == self.attempts:

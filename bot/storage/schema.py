@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -117,6 +118,29 @@ def stored_step(row: sqlite3.Row) -> StoredStep:
         seq=row["seq"],
         created_at=row["created_at"],
     )
+
+
+# The seq is computed inside the INSERT, so concurrent writers (even from two
+# processes) can never give one episode a gap or a duplicate.
+INSERT_STEP = f"""INSERT INTO steps (episode_id, channel_id, seq, {STEP_COLUMNS}, created_at)
+    SELECT e.id, e.channel_id,
+           (SELECT COALESCE(MAX(s.seq), -1) + 1 FROM steps s WHERE s.episode_id = e.id),
+           ?, ?, ?, ?, ?, COALESCE(?, e.model_version), ?, ?, ?, ?, ?, ?
+    FROM episodes e WHERE e.id = ? AND e.status = 'open'
+    RETURNING *"""
+
+
+def check_step(step: Step) -> None:
+    check(step.role, ROLES, "role")
+    if not isinstance(step.content, str):
+        raise ValueError(f"step content must be a string, got {type(step.content).__name__}")
+
+
+def step_values(step: Step, episode_id: int) -> tuple:
+    return (step.role, step.content, dumps(step.tool_calls, "tool_calls"), step.tool_call_id,
+            step.name, step.model_version, float(step.started_at), float(step.duration_ms),
+            int(step.prompt_tokens), int(step.completion_tokens), dumps(step.meta, "meta"),
+            time.time(), episode_id)
 
 
 def record(row: sqlite3.Row, json_columns: tuple[str, ...]) -> dict:
@@ -248,6 +272,13 @@ MIGRATIONS: list[list[str]] = [
             advantage REAL NOT NULL,
             parts TEXT NOT NULL,
             PRIMARY KEY (night_id, step_id)
+        )""",
+    ],
+    [  # each distinct tool list once (bot.storage.toolsets); steps refer to it by ref
+        """CREATE TABLE tool_sets (
+            ref TEXT PRIMARY KEY,
+            schemas TEXT NOT NULL,
+            created_at REAL NOT NULL
         )""",
     ],
 ]

@@ -30,23 +30,25 @@ from typing import Any
 import aiosqlite
 
 from bot.storage.ledger import NightLedger
+from bot.storage.toolsets import ToolSets
 
 from bot.storage.schema import (
     EPISODE_STATUSES,
+    INSERT_STEP,
     JOB_STATES,
     LABELS,
     RELEASE_STATES,
-    ROLES,
-    STEP_COLUMNS,
     Episode,
     SchemaTooNewError,
     Step,
     StoredStep,
     check,
+    check_step,
     dumps,
     migrate,
     nonempty,
     record,
+    step_values,
     stored_step,
 )
 
@@ -55,7 +57,7 @@ __all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class Store(NightLedger):
+class Store(NightLedger, ToolSets):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
@@ -193,6 +195,30 @@ class Store(NightLedger):
             )
             return cur.lastrowid
 
+    async def start_turn(self, channel_id: str, model_version: str | None,
+                         steps: list[Step], name: str = "") -> tuple[int, list[StoredStep]]:
+        """Open an episode with its first steps (system prompt, user message) in ONE
+        commit: the bookkeeping of a turn's start costs one transaction, not four.
+        Nothing is acknowledged before that commit; a failure leaves none of it."""
+        nonempty(channel_id, "channel_id")
+        for step in steps:
+            check_step(step)
+        now = time.time()
+        async with self._write() as db:
+            await db.execute(
+                "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) "
+                "DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
+                (channel_id, name, now))
+            cur = await db.execute(
+                "INSERT INTO episodes (channel_id, started_at, model_version) VALUES (?, ?, ?)",
+                (channel_id, now, model_version))
+            episode_id = cur.lastrowid
+            stored = []
+            for step in steps:
+                rows = await db.execute_fetchall(INSERT_STEP, step_values(step, episode_id))
+                stored.append(stored_step(rows[0]))
+        return episode_id, stored
+
     async def end_episode(self, episode_id: int, status: str) -> None:
         """Close an open episode. Ending it twice is refused: two owners of one
         episode is a harness bug, and the second status would hide the first."""
@@ -214,21 +240,8 @@ class Store(NightLedger):
         Steps go only to open episodes: a step after the end would make the
         stored trajectory differ from the one that was labelled.
         """
-        check(step.role, ROLES, "role")
-        if not isinstance(step.content, str):
-            raise ValueError(f"step content must be a string, got {type(step.content).__name__}")
-        rows = await self._fetch(
-            f"""INSERT INTO steps (episode_id, channel_id, seq, {STEP_COLUMNS}, created_at)
-            SELECT e.id, e.channel_id,
-                   (SELECT COALESCE(MAX(s.seq), -1) + 1 FROM steps s WHERE s.episode_id = e.id),
-                   ?, ?, ?, ?, ?, COALESCE(?, e.model_version), ?, ?, ?, ?, ?, ?
-            FROM episodes e WHERE e.id = ? AND e.status = 'open'
-            RETURNING *""",
-            (step.role, step.content, dumps(step.tool_calls, "tool_calls"), step.tool_call_id,
-             step.name, step.model_version, float(step.started_at), float(step.duration_ms),
-             int(step.prompt_tokens), int(step.completion_tokens), dumps(step.meta, "meta"),
-             time.time(), episode_id),
-        )
+        check_step(step)
+        rows = await self._fetch(INSERT_STEP, step_values(step, episode_id))
         if not rows:
             raise await self._missing_or_closed(episode_id)
         return stored_step(rows[0])
@@ -274,6 +287,7 @@ class Store(NightLedger):
             episodes[r["episode_id"]].steps.append(stored_step(r))
         for r in label_rows:
             episodes[r["episode_id"]].labels.append(r["label"])
+        await self._expand_tool_sets(list(episodes.values()))
         return list(episodes.values())
 
     async def add_label(self, episode_id: int, label: str, source: str) -> None:
