@@ -100,6 +100,7 @@ async def test_a_full_workspace_does_not_stop_other_channels_turns_from_being_st
     config = Config()
     config.paths.data_dir = tmp_path
     config.sandbox.workspace_quota_mb = 5
+    config.agent.tools = "all"  # run_python is not in the embedded model's core set
 
     def script(messages, kwargs):
         last = messages[-1]

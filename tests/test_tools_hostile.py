@@ -130,8 +130,12 @@ async def main(base):
     ctx = ToolContext.open("bomb", Workspace(Path(base) / "ws"), Path(base) / "state",
                            image_cache=str(Path(base) / "images"))
     result = await default_registry().call("view_image", {"path": "bomb.ico"}, ctx)
+    # VmHWM, not ru_maxrss: Linux carries the parent's peak across fork and exec, so
+    # ru_maxrss would count pytest's own memory.
+    hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status")
+                  if line.startswith("VmHWM:"))
     print(json.dumps({"ok": result.ok, "output": result.output,
-                      "self_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                      "self_mb": hwm_kb // 1024,
                       "worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}))
 
 asyncio.run(main(sys.argv[1]))
