@@ -139,6 +139,8 @@ class Agent:
         self.tools = tools
         self.context_for = context_for
         self.sys_section = sys_section
+        # More system-prompt sections, by channel ("" adds none): e.g. a swarm member's task.
+        self.prompt_hooks: list[Callable[[str], str]] = []
 
     # -- the turn -------------------------------------------------------------
 
@@ -238,6 +240,7 @@ class Agent:
         if section:
             parts.append("Your own notes for this channel (you edit them with update_sys):\n"
                          + section)
+        parts += [extra for hook in self.prompt_hooks if (extra := hook(channel).strip())]
         return "\n\n".join(parts)
 
     # -- steps ----------------------------------------------------------------
