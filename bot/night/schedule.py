@@ -140,7 +140,7 @@ class SleepSchedule:
             start = window_start(now, *self.window)
             if start is not None and start != self.window_done:
                 return f"it is the nightly window {self.spec}"
-        if self.idle and self.last_activity and self.last_activity > self.last_sleep \
+        if self.idle and self.last_activity and self.last_activity >= self.last_sleep \
                 and now - self.last_activity >= self.idle:
             return f"no messages for {int(self.idle.total_seconds() // 60)} minutes"
         return None
