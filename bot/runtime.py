@@ -8,6 +8,7 @@ tool context (workspace, journal, private state) and the channel workers.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -54,9 +55,12 @@ class ChannelSpaces:
     def context(self, channel: str) -> ToolContext:
         ctx = self._contexts.get(channel)
         if ctx is None:
-            workspace = workspace_for(self.data_dir / "workspaces",
-                                      self.workspace_keys.get(channel, channel))
+            key = self.workspace_keys.get(channel, channel)
+            workspace = workspace_for(self.data_dir / "workspaces", key)
             state_dir = self.data_dir / "channels" / workspace.root.name
+            if key != channel:  # a shared workspace; the journal and state stay the channel's
+                digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
+                state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
             outbox: list[str] = []
             ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
                                    send_file=outbox.append, **self.services)

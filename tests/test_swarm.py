@@ -167,7 +167,9 @@ async def test_swarm_start_runs_each_member_as_a_real_turn_and_they_see_each_oth
             [episode] = [e for e in await rt.store.episodes_since(0) if e.channel_id == channel]
             assert episode.status == "complete"
             assert "split the work" in episode.steps[0].content
-        assert rt.spaces.context("s1").workspace.root == rt.spaces.context("s2").workspace.root
+        s1, s2 = rt.spaces.context("s1"), rt.spaces.context("s2")
+        assert s1.workspace.root == s2.workspace.root
+        assert s1.state_dir != s2.state_dir  # each member undoes only its own changes
         assert rt.spaces.context("c9").workspace.root != rt.spaces.context("s1").workspace.root
     finally:
         await rt.close()
