@@ -6,7 +6,9 @@ Top level, the agent and what drives it:
 - ``channels``: one queue and worker per channel, the stray end-of-turn check;
 - ``runtime``: builds everything a front end talks to, and closes it;
 - ``console``, ``app``: the local console, and the start of the bot;
-- ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``.
+- ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``;
+- ``swarm`` (``/swarm start``: member turns on a shared board), ``hygiene``
+  (``/notes-clean``: the routine cleaning turn).
 
 Sub-packages, one concern each:
 
@@ -16,7 +18,8 @@ Sub-packages, one concern each:
 - ``bot.serving``: the llama.cpp server (supervisor, watchdog, probes,
   kinds, swap, shim) and the client that talks to it (``client``, ``wire``);
 - ``bot.night``: the night as seen from the bot (the trainer's job, the
-  watch that follows it, releases: promote and rollback);
+  watch that follows it, releases: promote and rollback, the sleep schedule
+  and the rounds in progress it waits for);
 - ``bot.discord_front``: the Discord front end (app, access rules, rendering,
   slash commands made from ``bot.commands``).
 

@@ -103,9 +103,16 @@ async def restart_server(rt: Runtime) -> str:
     return f"Model server restarted (pid {rt.supervisor.pid})."
 
 
-async def notes_clean(rt: Runtime, channel: str) -> str:
+async def notes_wipe(rt: Runtime, channel: str, confirm: str | None = None) -> str:
+    """Delete every note of the channel, with no undo: only with the literal word CONFIRM.
+    (The routine cleaning, ``/notes-clean``, is ``bot.hygiene.routine_clean``.)"""
     notes = rt.spaces.context(channel).services.get("notes")
     if notes is None:
         return "Notes are not enabled."
+    if confirm != "CONFIRM":
+        count = await asyncio.to_thread(notes.count, channel, False)
+        return (f"Nothing deleted. /notes-wipe deletes all {count} notes of this channel (and "
+                "the shared notes it wrote) with no undo; to do it, type /notes-wipe CONFIRM. "
+                "/notes-clean tidies the notes up instead.")
     removed = await asyncio.to_thread(notes.clean, channel)
-    return f"Removed {removed} notes of this channel."
+    return f"Wiped {removed} notes of this channel."

@@ -169,6 +169,8 @@ class Agent:
         self.sys_section = sys_section
         # (channel, what the turn is doing now); a front end replaces it to show progress.
         self.progress: Callable[[str, str], None] = lambda channel, text: None
+        # More system-prompt sections, by channel ("" adds none): e.g. a swarm member's task.
+        self.prompt_hooks: list[Callable[[str], str]] = []
 
     # -- the turn -------------------------------------------------------------
 
@@ -294,6 +296,7 @@ class Agent:
         if section:
             parts.append("Your own notes for this channel (you edit them with update_sys):\n"
                          + section)
+        parts += [extra for hook in self.prompt_hooks if (extra := hook(channel).strip())]
         return "\n\n".join(parts)
 
     # -- steps ----------------------------------------------------------------

@@ -50,6 +50,14 @@ async def run_bot(config: Config) -> int:
             rt.night.listeners.append(night_progress)
             rt.agent.progress = renderer.progress
 
+            async def announce(channel: str, text: str) -> None:
+                if channel:
+                    renderer.reply(channel, text)
+                else:
+                    renderer.info(text)
+
+            rt.announcers.append(announce)
+
             async def turn(channel: str, text: str):
                 if rt.night.server_paused:
                     renderer.info("(asleep: training has the GPU; the message is queued)")

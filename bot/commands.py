@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bot import admin
+from bot import admin, hygiene
 from bot.config import Config
 
 if TYPE_CHECKING:
@@ -108,8 +108,17 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("sys reset", "reset this channel's agent-editable system section",
             lambda rt, c: admin.sys_reset(rt, c.channel)),
     Command("restart-server", "restart the model server", lambda rt, c: admin.restart_server(rt)),
-    Command("notes-clean", "remove this channel's notes",
-            lambda rt, c: admin.notes_clean(rt, c.channel)),
+    Command("notes-clean", "routine cleaning: the agent merges and deletes redundant notes",
+            lambda rt, c: hygiene.routine_clean(rt, c.channel)),
+    Command("notes-wipe", "delete every note of this channel, no undo (type CONFIRM)",
+            lambda rt, c, confirm=None: admin.notes_wipe(rt, c.channel, confirm),
+            (Arg("confirm", str, "the word CONFIRM", required=False),)),
+    Command("swarm start", "post a task to a swarm's board and start its channels on it",
+            lambda rt, c, swarm, task: rt.swarms.start(swarm, task),
+            (Arg("swarm", str, "the swarm's name (config [swarms])"),
+             Arg("task", str, "the task, in quotes on the console"))),
+    Command("swarm stop", "clear a swarm's task from its members' prompts",
+            lambda rt, c, swarm: rt.swarms.stop(swarm), (Arg("swarm", str, "the swarm's name"),)),
 )}
 
 

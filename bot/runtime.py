@@ -7,25 +7,36 @@ tool context (workspace, journal, private state) and the channel workers.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
+from bot import admin, hygiene
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
 from bot.config import Config
 from bot.serving.client import LLM
 from bot.night.releases import Releases
+from bot.night.jobs import ACTIVE
+from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
 from bot.serving.supervisor import ServerSupervisor
 from bot.storage.store import Store
+from bot.swarm import Swarms
 from bot.tool_profiles import tool_names
 from sandbox.paths import workspace_for
-from tools import Registry, ToolContext, default_registry
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget
+from tools import Registry, ToolContext, default_registry
+from tools.board import Board
+from tools.filelocks import FileLocks
 from tools.jobs import JobSlots
 from tools.python_jobs import job_runner
 from tools.system import read_sys_section
@@ -36,16 +47,23 @@ logger = logging.getLogger("nightshift")
 class ChannelSpaces:
     """One ToolContext per channel, made on first use and kept (its journal is live)."""
 
-    def __init__(self, data_dir: Path, **services: Any) -> None:
+    def __init__(self, data_dir: Path, workspace_keys: dict[str, str] | None = None,
+                 **services: Any) -> None:
         self.data_dir = data_dir
         self.services = services
+        # A swarm with a shared workspace maps its members to one workspace key.
+        self.workspace_keys = workspace_keys or {}
         self._contexts: dict[str, ToolContext] = {}
 
     def context(self, channel: str) -> ToolContext:
         ctx = self._contexts.get(channel)
         if ctx is None:
-            workspace = workspace_for(self.data_dir / "workspaces", channel)
+            key = self.workspace_keys.get(channel, channel)
+            workspace = workspace_for(self.data_dir / "workspaces", key)
             state_dir = self.data_dir / "channels" / workspace.root.name
+            if key != channel:  # a shared workspace; the journal and state stay the channel's
+                digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
+                state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
             outbox: list[str] = []
             ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
                                    send_file=outbox.append, **self.services)
@@ -94,13 +112,24 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
         return {"ready": supervisor.ready, "url": supervisor.base_url, "pid": supervisor.pid,
                 "restarts": supervisor.restarts}
 
+    notes = NoteStore(config.data_dir / "notes", embedder)
+    notes.duplicate_similarity = config.notes_hygiene.duplicate_similarity
+    teams = config.swarms.teams
+    board = Board(config.data_dir / "board.db", {t.name: t.channels for t in teams}) \
+        if teams else None
     return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
             "sandbox": _sandbox(config),
             "workspace_quota_bytes": config.sandbox.workspace_quota_mb << 20,
-            "notes": NoteStore(config.data_dir / "notes", embedder),
+            "notes": notes, "board": board, "file_locks": FileLocks(),
             "shared_notes_channels": frozenset(config.agent.shared_notes_channels),
             "job_slots": JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
             "image_cache": config.data_dir / "images"}
+
+
+def _shared_workspaces(config: Config) -> dict[str, str]:
+    """Channel -> workspace key, for the members of swarms that share one workspace."""
+    return {channel: f"swarm-{team.name}" for team in config.swarms.teams
+            if team.shared_workspace for channel in team.channels}
 
 
 @dataclass
@@ -116,6 +145,11 @@ class Runtime:
     releases: Releases
     night: NightWatch
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
+    rounds: Rounds = field(default_factory=Rounds)  # rounds in progress; a night waits for them
+    swarms: Swarms | None = None
+    schedule: SleepSchedule | None = None
+    # Front ends listen here for what the bot says on its own: (channel key or "", text).
+    announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
 
     @classmethod
     async def start(cls, config: Config, *, supervisor: ServerSupervisor | None = None,
@@ -133,11 +167,22 @@ class Runtime:
                 llm = LLM(config, supervisor)
                 stack.push_async_callback(llm.close)
             registry = _registry(config)
-            spaces = ChannelSpaces(config.data_dir, **_services(config, store, supervisor))
+            spaces = ChannelSpaces(config.data_dir, _shared_workspaces(config),
+                                   **_services(config, store, supervisor))
             stack.push_async_callback(spaces.close)
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
                           stray=RuleStrayDetector())
-            workers = ChannelWorkers(agent.turn, config.agent.queue_size)
+            board = spaces.services.get("board")
+            if board is not None:
+                agent.prompt_hooks.append(board.prompt_section)
+            activity: list[Callable[[], None]] = []  # the schedule's, once it exists
+
+            async def handle(channel: str, text: str, speaker: str) -> TurnResult:
+                for note in activity:
+                    note()
+                return await agent.turn(channel, text, speaker)
+
+            workers = ChannelWorkers(handle, config.agent.queue_size)
             stack.push_async_callback(workers.close)
             releases = Releases(config, store, supervisor)
             night = NightWatch(config, store, supervisor, releases)
@@ -146,8 +191,26 @@ class Runtime:
             await stack.aclose()
             raise
         night.start()
-        return cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
-                   night, stack)
+        rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
+                 night, stack)
+        rt.swarms = Swarms(board, workers, rt.rounds, rt.announce)
+        stack.push_async_callback(rt.swarms.close)
+        rt.schedule = _schedule(rt)
+        activity.append(rt.schedule.note_activity)
+        stack.push_async_callback(rt.schedule.close)
+        rt.schedule.start()
+        return rt
+
+    async def announce(self, channel: str, text: str) -> None:
+        """Say something the bot decided on its own, in ``channel`` ("" = the console)."""
+        logger.info("#%s: %s", channel or "-", text)
+        for listener in list(self.announcers):
+            try:
+                await listener(channel, text)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a front end's failure must not stop the schedule
+                logger.exception("announcer failed")
 
     async def turn(self, channel: str, text: str, speaker: str = "user") -> TurnResult:
         """Queue a message on its channel and wait for the reply (raises channels.Busy)."""
@@ -155,3 +218,28 @@ class Runtime:
 
     async def close(self) -> None:
         await self._stack.aclose()
+
+
+def _schedule(rt: Runtime, clock: Callable[[], datetime] | None = None) -> SleepSchedule:
+    """The sleep schedule, acting on the runtime through admin.sleep and the store."""
+    config = rt.config
+    channel = config.sleep.announce_channel
+
+    async def night_active() -> bool:
+        return bool(await rt.store.jobs("sleep", list(ACTIVE)))
+
+    async def pending() -> int:
+        done = await rt.store.jobs("sleep", ["done"])
+        return len(await rt.store.episodes_since(done[-1]["updated_at"] if done else 0.0))
+
+    async def start_night(reason: str) -> str:
+        return await admin.sleep(rt, f"the schedule ({reason})", channel)
+
+    async def announce(text: str) -> None:
+        await rt.announce(channel, text)
+
+    return SleepSchedule(
+        config, clock=clock or (lambda: datetime.now(timezone.utc)),
+        zone=ZoneInfo(config.sleep.time_zone), rounds=rt.rounds, night_active=night_active,
+        pending=pending, start_night=start_night, announce=announce,
+        clean_notes=lambda: hygiene.routine_clean_all(rt))

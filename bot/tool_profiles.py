@@ -33,6 +33,8 @@ def tool_names(config: Config, available: list[str]) -> list[str]:
         wanted = list(CORE_TOOLS) if is_embedded(config) else []
         if wanted and config.agent.clear_scratch_after_turn:
             wanted.append("clear_scratch")  # the end of a turn calls it (undoable)
+        if wanted and config.swarms.teams:
+            wanted += ["board_post", "board_read"]  # a swarm's members talk through its board
     if wanted in ("all", []):
         return list(available)
     unknown = sorted(set(wanted) - set(available))

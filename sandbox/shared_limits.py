@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import stat
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -35,6 +37,7 @@ logger = logging.getLogger("nightshift.sandbox")
 
 _MIB = 1 << 20
 CGROUP_NAME = "nightshift-sandbox"
+_GROUPS = itertools.count(1)
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -81,8 +84,13 @@ def _own_cgroup(controller: str | None) -> str | None:
 
 
 def setup_cgroup(total_mb: int, root: Path = _CGROUP_ROOT) -> Path | None:
-    """Make (or reuse) the sandbox's memory cgroup with ``total_mb`` as its limit; its
-    ``cgroup.procs`` file, or None where no writable memory cgroup exists."""
+    """Make a memory cgroup for this budget with ``total_mb`` as its limit; its
+    ``cgroup.procs`` file, or None where no writable memory cgroup exists.
+
+    Each budget has its own group (named by pid and a count), so two bots on one machine,
+    or a bot and the tests, never rewrite each other's limit; and a group is never lowered
+    below what earlier programs left charged to it (the kernel refuses that)."""
+    name = f"{CGROUP_NAME}-{os.getpid()}-{next(_GROUPS)}"
     candidates = []
     if (root / "cgroup.controllers").is_file():  # v2
         own = _own_cgroup(None)
@@ -92,7 +100,8 @@ def setup_cgroup(total_mb: int, root: Path = _CGROUP_ROOT) -> Path | None:
     if own is not None and (root / "memory").is_dir():  # v1
         candidates.append((root / "memory" / own.lstrip("/"), "memory.limit_in_bytes", False))
     for parent, limit_file, v2 in candidates:
-        group = parent / CGROUP_NAME
+        _remove_stale_groups(parent)
+        group = parent / name
         try:
             if v2 and "memory" not in (parent / "cgroup.subtree_control").read_text().split():
                 (parent / "cgroup.subtree_control").write_text("+memory")
@@ -104,6 +113,24 @@ def setup_cgroup(total_mb: int, root: Path = _CGROUP_ROOT) -> Path | None:
     return None
 
 
+def _remove_stale_groups(parent: Path) -> None:
+    """Remove the empty groups of bots that have exited."""
+    for group in parent.glob(f"{CGROUP_NAME}-*-*"):
+        try:
+            pid = int(group.name.rsplit("-", 2)[1])
+        except ValueError:
+            continue
+        if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            remove_group(group)
+
+
+def remove_group(group: Path) -> None:
+    try:
+        group.rmdir()  # only an empty group goes; its charge goes with it
+    except OSError:
+        pass
+
+
 class MemoryBudget:
     """The memory of all sandboxed runs together; see the module docstring."""
 
@@ -112,6 +139,8 @@ class MemoryBudget:
         self.wait_s = wait_s
         self.cgroup_procs = setup_cgroup(total_mb) if use_cgroup else None
         self.reserved_mb = 0
+        if self.cgroup_procs is not None:
+            weakref.finalize(self, remove_group, self.cgroup_procs.parent)
 
     @property
     def kind(self) -> str:

@@ -64,6 +64,7 @@ class FakeSupervisor:
 def make_config(tmp_path: Path, **discord_fields: object) -> Config:
     config = Config()
     config.paths.data_dir = tmp_path / "data"
+    config.agent.tools = "all"  # the front ends are under test, with every tool they may use
     for name, value in discord_fields.items():
         setattr(config.discord, name, value)
     return config

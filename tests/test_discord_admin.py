@@ -13,6 +13,7 @@ import pytest
 from discord.ext.test import backend
 
 from bot.commands import Caller
+from bot.config.routines import Swarm
 from bot.commands import COMMANDS as ACTIONS, REFUSAL, run_command as run_admin
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - a fixture
@@ -79,15 +80,21 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
     "sys show": ({}, "(this channel's editable system section is empty)"),
     "sys reset": ({}, "This channel's editable system section was reset"),
     "restart-server": ({}, "Model server restarted (pid 4243)."),
-    "notes-clean": ({}, ""),  # its text depends on whether notes are enabled
+    "notes-clean": ({}, "Routine cleaning (episode #2): 0 notes before, 0 after.\nhi"),
+    "notes-wipe": ({}, "Nothing deleted. /notes-wipe deletes all 0 notes"),
+    "swarm start": ({"swarm": "team", "task": "count the files"},
+                    "Swarm team started on board post #1: 2 of 2 channels are working on it."),
+    "swarm stop": ({"swarm": "team"}, "Swarm team's task is cleared"),
 }
 
 
 @pytest.fixture
 async def rt(tmp_path):
-    """A runtime with one episode (#1) in channel c1; user 1 and role 77 are admins."""
+    """A runtime with one episode (#1) in channel c1; user 1 and role 77 are admins;
+    the swarm "team" is channels s1 and s2. The model answers "hi" to everything."""
     config = make_config(tmp_path, admin_user_ids=[1], admin_role_ids=[77])
-    rt = await start_runtime(config, ScriptedLLM([say("hi")]))
+    config.swarms.teams = [Swarm(name="team", channels=["s1", "s2"])]
+    rt = await start_runtime(config, ScriptedLLM(lambda messages, kwargs: say("hi")))
     await rt.turn("c1", "hello")
     yield rt
     await rt.close()
@@ -139,7 +146,14 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
     (["sys", "show"], {}, [], "(this channel's editable system section is empty)"),
     (["sys", "reset"], {}, [], "This channel's editable system section was reset"),
     (["restart-server"], {}, [], "Model server restarted"),
-    (["notes-clean"], {}, [], ""),
+    (["notes-clean"], {}, [], "Routine cleaning (episode #1): 0 notes before, 0 after."),
+    (["notes-wipe"], {"confirm": "CONFIRM"}, [{"name": "confirm", "type": 3, "value": "CONFIRM"}],
+     "Wiped 0 notes of this channel."),
+    (["swarm", "start"], {"swarm": "team", "task": "go"},
+     [{"name": "swarm", "type": 3, "value": "team"}, {"name": "task", "type": 3, "value": "go"}],
+     "swarm start: no swarms are configured"),
+    (["swarm", "stop"], {"swarm": "team"}, [{"name": "swarm", "type": 3, "value": "team"}],
+     "swarm stop: no swarms are configured"),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -160,15 +174,17 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     h = await discord_env([])
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
-                                          "label", "sys", "restart-server", "notes-clean"}
+                                          "label", "sys", "restart-server", "notes-clean",
+                                          "notes-wipe", "swarm"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
+    assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}
 
 
 @pytest.mark.parametrize("path,kwargs,options,expected", SLASH_CASES, ids=SLASH_IDS)
 async def test_admin_slash_command_answers_an_admin(discord_env, recorder, path, kwargs,
                                                     options, expected):
-    h = await discord_env([])
+    h = await discord_env([say("hi")])  # the reply of notes-clean's routine cleaning turn
     interaction = recorder.interaction(h.bot, h.alice, h.general, path[0],
                                        data_options(path, options))
     await tree_command(h.bot, path).callback(interaction, **kwargs)

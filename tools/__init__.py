@@ -51,6 +51,7 @@ TOOL_MODULES = (
     "tools.health",
     "tools.python_jobs",
     "tools.git",
+    "tools.board",
 )
 
 # A safety net over the tools' own bounds: one observation must not flood the context.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from tools import ToolContext, ToolError, tool
+from tools.filelocks import locked
 from tools.journal import SnapshotTooLarge
 
 PAGE_LINES = 100
@@ -175,7 +176,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
         raise ToolError(f"{path} is a folder; choose a file name inside it")
     existed = target.exists()
     data = content.encode("utf-8")
-    with ctx.journal.change(f"write_file {rel(ctx, target)}") as tx:
+    with locked(ctx, target), ctx.journal.change(f"write_file {rel(ctx, target)}") as tx:
         tx.write(target, data)
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
     return f"{'overwrote' if existed else 'created'} {path} ({lines} lines, {len(data)} bytes)"
@@ -208,13 +209,14 @@ def edit_file(ctx: ToolContext, path: str,
     if missing:
         raise ToolError(f"mode {mode!r} needs {', '.join(needs)}; missing: {', '.join(missing)}")
     target = existing(ctx, path)
-    content = read_text(ctx, path)
-    if mode == "replace_text":
-        new_content, first, count = _replace_text(content, old, new, path)
-    else:
-        new_content, first, count = _edit_lines(content, mode, start, end, after, text, path)
-    with ctx.journal.change(f"edit_file {rel(ctx, target)} ({mode})") as tx:
-        tx.write(target, new_content.encode("utf-8"))
+    with locked(ctx, target):  # read, change and write as one step in a shared workspace
+        content = read_text(ctx, path)
+        if mode == "replace_text":
+            new_content, first, count = _replace_text(content, old, new, path)
+        else:
+            new_content, first, count = _edit_lines(content, mode, start, end, after, text, path)
+        with ctx.journal.change(f"edit_file {rel(ctx, target)} ({mode})") as tx:
+            tx.write(target, new_content.encode("utf-8"))
     lines = new_content.splitlines(keepends=True)
     lo = max(1, first - SNIPPET_CONTEXT)
     hi = min(len(lines), first + max(count, 1) - 1 + SNIPPET_CONTEXT, lo + 29)

@@ -68,9 +68,25 @@ def _server(ctx: ToolContext) -> str:
     return f"server: {_fields(status)}"
 
 
+def _notes(ctx: ToolContext) -> str:
+    store = ctx.services.get("notes")
+    if store is None:
+        return "notes: not enabled"
+    try:
+        stats = store.stats()
+    except Exception as exc:  # as for jobs: report it, keep going
+        return f"notes: the note store did not answer ({type(exc).__name__}: {exc})"
+    if not stats:
+        return "notes: none yet"
+    parts = [f"{s['channel']}: {s['notes']} ({s['duplicates']} duplicates)" for s in stats]
+    return (f"notes per channel (duplicates at similarity >= {store.duplicate_similarity}): "
+            + ", ".join(parts))
+
+
 @tool
 def health(ctx: ToolContext) -> str:
-    """Check the machine and the bot: free memory and disk, the embedder, background jobs and
-    the model server."""
+    """Check the machine and the bot: free memory and disk, the embedder, notes per channel
+    (and their duplicates), background jobs and the model server."""
     embedder = "loaded" if ctx.embedder is not None else "not loaded (notes search is off)"
-    return "\n".join([_memory(), _disk(ctx), f"embedder: {embedder}", _jobs(ctx), _server(ctx)])
+    return "\n".join([_memory(), _disk(ctx), f"embedder: {embedder}", _notes(ctx), _jobs(ctx),
+                      _server(ctx)])

@@ -12,9 +12,10 @@ Shared notes are opt-in per channel: only channels listed in
 read, write or delete them; every other channel, DMs included, sees only its
 own notes, so nothing leaks between channels by default. Shared notes
 remember which channel wrote them: only that channel may delete one, so one
-channel's agent cannot wipe what others rely on. ``clean``
-(the admin's ``/notes-clean``) removes a channel's notes, shared ones it
-wrote included.
+channel's agent cannot wipe what others rely on. ``clean`` (the admin's
+``/notes-wipe CONFIRM``) removes a channel's notes, shared ones it wrote
+included. ``stats`` and ``duplicate_groups`` find near-duplicates by
+embedding similarity, for the health tool and the routine cleaning.
 
 chromadb calls block; the registry runs these tools in a thread.
 """
@@ -40,6 +41,8 @@ SEARCH_SNIPPET_CHARS = 1000
 
 class NoteStore:
     """Per-channel and shared note collections in one chromadb directory."""
+
+    duplicate_similarity = 0.9  # notes this cosine-similar are duplicates (config sets it)
 
     def __init__(self, path: Path, embedder: Any) -> None:
         import chromadb  # heavy; only loaded when notes are enabled
@@ -127,6 +130,29 @@ class NoteStore:
     def count(self, channel: str, include_shared: bool = True) -> int:
         return sum(c.count() for _, c in self._scopes(channel, include_shared))
 
+    # --- hygiene ---
+
+    def duplicate_groups(self, channel: str) -> list[list[str]]:
+        """Groups of the channel's own notes at least ``duplicate_similarity`` alike (ids)."""
+        found = self._collection(channel).get(include=["embeddings"])
+        return _similar_groups(found["ids"], found["embeddings"], self.duplicate_similarity)
+
+    def stats(self) -> list[dict]:
+        """Per collection: its channel ("shared" for the shared one), notes and duplicates,
+        a duplicate being a note beyond the first of its near-duplicate group."""
+        out = []
+        for collection in self._client.list_collections():
+            found = collection.get(include=["embeddings", "metadatas"])
+            if collection.name == SHARED:
+                channel = SHARED
+            else:
+                metas = [m for m in found["metadatas"] if m] or [{}]
+                channel = metas[0].get("channel", collection.name)
+            groups = _similar_groups(found["ids"], found["embeddings"], self.duplicate_similarity)
+            out.append({"channel": channel, "notes": len(found["ids"]),
+                        "duplicates": sum(len(g) - 1 for g in groups)})
+        return sorted(out, key=lambda s: s["channel"])
+
     # --- collections ---
 
     def _scopes(self, channel: str, include_shared: bool) -> list[tuple[str, Any]]:
@@ -152,6 +178,32 @@ def collection_name(channel: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", channel).strip("-")[:40].strip("-") or "channel"
     digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"ch-{slug}-{digest}"
+
+
+def _similar_groups(ids: list[str], embeddings: Any, threshold: float) -> list[list[str]]:
+    """Groups (of 2+) of ids linked by cosine similarity >= threshold, in first-seen order."""
+    import numpy as np
+
+    if len(ids) < 2:
+        return []
+    vectors = np.asarray(embeddings, dtype=np.float32)
+    vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    similar = vectors @ vectors.T >= threshold  # (N, N)
+    group_of: dict[int, int] = {}
+    groups: list[list[int]] = []
+    for i in range(len(ids)):
+        if i in group_of:
+            continue
+        group, todo = [], [i]
+        while todo:  # everything reachable through similar pairs
+            j = todo.pop()
+            if j in group_of:
+                continue
+            group_of[j] = len(groups)
+            group.append(j)
+            todo.extend(int(k) for k in np.flatnonzero(similar[j]) if int(k) not in group_of)
+        groups.append(sorted(group))
+    return [[ids[j] for j in g] for g in groups if len(g) > 1]
 
 
 def _note(note_id: str, text: str | None, meta: dict | None, scope: str,

@@ -35,6 +35,7 @@ from bot.config.sections import (  # noqa: F401 - re-exported: callers import th
     WatchdogConfig,
     _Section,
 )
+from bot.config.routines import NotesHygieneConfig, SleepConfig, SwarmsConfig
 
 class Config(_Section):
     paths: PathsConfig = Field(default_factory=PathsConfig)
@@ -46,6 +47,9 @@ class Config(_Section):
     night: NightConfig = Field(default_factory=NightConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    sleep: SleepConfig = Field(default_factory=SleepConfig)
+    notes_hygiene: NotesHygieneConfig = Field(default_factory=NotesHygieneConfig)
+    swarms: SwarmsConfig = Field(default_factory=SwarmsConfig)
 
     # Where the config came from; None means embedded defaults.
     _source: Path | None = PrivateAttr(None)

@@ -138,6 +138,7 @@ class NightshiftBot(commands.Bot):
         rt.agent.progress = self.statuses.update
         add_admin_commands(self, rt)
         rt.night.listeners.append(self.night_progress)
+        rt.announcers.append(self.announce)
 
     async def setup_hook(self) -> None:
         # Publish the slash commands. A failure leaves the chat working, so it only warns.
@@ -158,6 +159,15 @@ class NightshiftBot(commands.Bot):
         channel = self.get_channel(int(channel_id)) if channel_id.isdigit() else None
         if channel is not None:
             self.night_messages[job["id"]] = await channel.send(text)
+
+    async def announce(self, channel_key: str, text: str) -> None:
+        """What the bot says on its own (sleep, a swarm member's reply), in its channel."""
+        channel = self.get_channel(int(channel_key)) if channel_key.isdigit() else None
+        if channel is None:
+            logger.info("announcement with no Discord channel (%r): %s", channel_key, text)
+            return
+        for piece in split_reply(text):
+            await channel.send(piece)
 
     async def on_ready(self) -> None:
         logger.info("logged in to Discord as %s", self.user)
