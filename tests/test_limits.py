@@ -7,6 +7,9 @@ Each test here failed on the code before the fix it names.
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,9 @@ from tools.jobs import JobSlots
 
 REGISTRY = default_registry()
 SLEEP = "import time\ntime.sleep(30)"
+
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def need_bwrap() -> None:
@@ -135,18 +141,41 @@ async def test_a_full_workspace_does_not_stop_other_channels_turns_from_being_st
 HOG = "x = bytearray(200 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\nprint('held')"
 
 
-async def test_the_memory_of_all_runs_together_is_capped_by_the_cgroup(tmp_path):
-    need_bwrap()
+CGROUP_SCRIPT = """
+import asyncio, json, sys
+from pathlib import Path
+from sandbox.paths import Workspace
+from sandbox.process import Limits, Sandbox
+from sandbox.shared_limits import MemoryBudget
+
+async def main(base, hog):
     budget = MemoryBudget(128)
     if budget.cgroup_procs is None:
+        print(json.dumps({"cgroup": False}))
+        return
+    capped = await Sandbox(limits=Limits(address_space_mb=1024), memory=budget).run(
+        ["python3", "-c", hog], Workspace(Path(base) / "ws"))
+    alone = await Sandbox(limits=Limits(address_space_mb=1024)).run(
+        ["python3", "-c", hog], Workspace(Path(base) / "ws"))
+    print(json.dumps({"cgroup": True, "capped": [capped.ok, capped.stdout],
+                      "alone": [alone.ok, alone.stdout]}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_the_memory_of_all_runs_together_is_capped_by_the_cgroup(tmp_path):
+    """In a fresh interpreter: the test session's own runtimes must not share its cgroup."""
+    need_bwrap()
+    done = subprocess.run([sys.executable, "-c", CGROUP_SCRIPT, str(tmp_path), HOG],
+                          cwd=ROOT, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120, check=True)
+    seen = json.loads(done.stdout)
+    if not seen["cgroup"]:
         pytest.fail("no writable memory cgroup on this machine; the budget test below covers "
                     "the fallback", pytrace=False)
-    box = Sandbox(limits=Limits(address_space_mb=1024), memory=budget)
-    result = await box.run(["python3", "-c", HOG], Workspace(tmp_path / "ws"))
-    assert not result.ok and "held" not in result.stdout
-    alone = await Sandbox(limits=Limits(address_space_mb=1024)).run(
-        ["python3", "-c", HOG], Workspace(tmp_path / "ws"))
-    assert alone.ok and "held" in alone.stdout  # the cap, not the program, stopped it
+    assert seen["capped"] == [False, ""]  # killed by the cap before it held 200 MiB
+    assert seen["alone"] == [True, "held\n"]  # the cap, not the program, stopped it
 
 
 async def test_without_a_cgroup_runs_wait_for_the_memory_budget(tmp_path):
