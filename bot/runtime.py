@@ -11,7 +11,7 @@ import logging
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
@@ -107,6 +107,8 @@ class Runtime:
     releases: Releases
     night: NightWatch
     _stack: AsyncExitStack = field(repr=False, default_factory=AsyncExitStack)
+    # Front ends add a callable here to show /practice's progress lines as they come.
+    practice_listeners: list[Callable[[str], Awaitable[None]]] = field(default_factory=list)
 
     @classmethod
     async def start(cls, config: Config, *, supervisor: ServerSupervisor | None = None,

@@ -80,6 +80,7 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
     "sys reset": ({}, "This channel's editable system section was reset"),
     "restart-server": ({}, "Model server restarted (pid 4243)."),
     "notes-clean": ({}, ""),  # its text depends on whether notes are enabled
+    "practice": ({"file": "/no/such/set.jsonl"}, "practice: cannot read the practice set"),
 }
 
 
@@ -140,6 +141,9 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
     (["sys", "reset"], {}, [], "This channel's editable system section was reset"),
     (["restart-server"], {}, [], "Model server restarted"),
     (["notes-clean"], {}, [], ""),
+    (["practice"], {"file": "/no/such/set.jsonl", "samples": 2},
+     [{"name": "file", "type": 3, "value": "/no/such/set.jsonl"},
+      {"name": "samples", "type": 4, "value": 2}], "practice: cannot read the practice set"),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -160,7 +164,8 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     h = await discord_env([])
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
-                                          "label", "sys", "restart-server", "notes-clean"}
+                                          "label", "sys", "restart-server", "notes-clean",
+                                          "practice"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
 

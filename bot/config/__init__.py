@@ -29,6 +29,7 @@ from bot.config.sections import (  # noqa: F401 - re-exported: callers import th
     ModelConfig,
     NightConfig,
     PathsConfig,
+    PracticeConfig,
     SandboxConfig,
     ServerConfig,
     TrainConfig,
@@ -46,6 +47,7 @@ class Config(_Section):
     night: NightConfig = Field(default_factory=NightConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    practice: PracticeConfig = Field(default_factory=PracticeConfig)
 
     # Where the config came from; None means embedded defaults.
     _source: Path | None = PrivateAttr(None)
