@@ -53,10 +53,15 @@ class Caller:
 @dataclass(frozen=True)
 class Arg:
     name: str
-    type: type  # int or str
+    type: type  # int, str or FilePath
     help: str
     required: bool = True
     choices: tuple[str, ...] = ()
+
+
+class FilePath(str):
+    """An argument that names a file on the bot's machine. On Discord the file may
+    instead be attached to the command; the front end saves it and passes its path."""
 
 
 Handler = Callable[..., Awaitable[str]]  # (runtime, caller, **arguments) -> the answer
@@ -113,7 +118,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             lambda rt, c: admin.notes_clean(rt, c.channel)),
     Command("practice", "practise a set of checked tasks (a JSONL file on the bot's machine)",
             lambda rt, c, file, samples=None: run_practice(rt, file, samples),
-            (Arg("file", str, "the practice set: a JSONL file of {id, prompt, check}"),
+            (Arg("file", FilePath, "the practice set: a JSONL file of {id, prompt, check}"),
              Arg("samples", int, "attempts per task (default: practice.samples)",
                  required=False))),
 )}

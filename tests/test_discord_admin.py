@@ -213,3 +213,43 @@ async def test_a_long_slash_answer_is_split_over_followups(discord_env, recorder
                              data_options(["sys", "show"], [])))
     followups = [s.content for s in recorder.sent if s.kind == "followup"]
     assert len(followups) >= 2 and all(len(f) <= 2000 for f in followups)
+
+
+class FakeAttachment:
+    """What the slash wrapper reads of a discord.Attachment."""
+
+    def __init__(self, filename: str, data: bytes) -> None:
+        self.filename, self.data, self.size = filename, data, len(data)
+
+    async def read(self) -> bytes:
+        return self.data
+
+
+async def test_practice_takes_its_set_as_an_attachment_saved_under_uploads(discord_env,
+                                                                          recorder):
+    h = await discord_env([])
+    bad_set = FakeAttachment("../drill.jsonl", b'{"id": "a", "prompt": "p"\n')
+    interaction = recorder.interaction(h.bot, h.alice, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(interaction, file_attachment=bad_set)
+    saved = h.rt.config.data_dir / "uploads" / f"{interaction.id}-drill.jsonl"
+    assert saved.read_bytes() == bad_set.data
+    # The saved file went through the practice set's parser: its error names the line.
+    assert f"{saved}:1: not valid JSON" in recorder.sent[1].content
+
+
+async def test_practice_without_a_path_or_an_attachment_says_how_to_give_one(discord_env,
+                                                                            recorder):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.alice, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(interaction)
+    assert recorder.sent[1].content.startswith(
+        "practice: give FILE as a path on the bot's machine, or attach the file")
+
+
+async def test_an_attachment_from_a_non_admin_is_never_saved(discord_env, recorder):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.bob, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(
+        interaction, file_attachment=FakeAttachment("x.jsonl", b"{}"))
+    assert [s.content for s in recorder.sent] == [REFUSAL]
+    assert not (h.rt.config.data_dir / "uploads").exists()
