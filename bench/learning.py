@@ -26,7 +26,8 @@ The held-out items that have an exact answer are also given to the night's
 gate as probes (``night.probes_file``). ``train.max_tokens`` is set to the
 served context, so that rows carrying the tool list are not dropped.
 ``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
-most 3 agent steps a turn: a check that the path works, not a measurement.
+most 3 agent steps a turn, with 4 tools offered instead of all of them: a
+check that the path works, not a measurement.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
+# --quick offers these four tools, not all 40: their list is ~700 prompt tokens, not ~3,300,
+# which is what makes a turn take seconds rather than a minute on a busy 2-core CPU.
+QUICK_TOOLS = ["read_file", "write_file", "make_dir", "list_dir"]
 
 
 def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
@@ -70,7 +74,7 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
         "model": {"gguf": str(args.gguf), "hf_dir": str(args.model),
                   "context_tokens": args.context},
         "server": {"port": free_port()},
-        "agent": {"temperature": 0.0, "max_steps": args.max_steps},
+        "agent": {"temperature": 0.0, "max_steps": args.max_steps, "tools": args.tools},
         "practice": {"temperature": args.temperature, "held_out_percent": 0},
         "night": {"probes_file": str(probes), "auto_promote": False},
         "train": train,
@@ -146,8 +150,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     sets, probes = write_sets(work, args)
     config = load_config(write_config(work, args, probes))
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
-          f"{args.train} train + {args.held} held-out items each; {args.samples} samples",
-          flush=True)
+          f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
+          f"tools: {', '.join(args.tools) or 'all'}; max steps {args.max_steps}", flush=True)
     rt = await Runtime.start(config)
 
     async def show(line: str) -> None:
@@ -229,6 +233,8 @@ def main() -> None:
                         help="model.context_tokens (and train.max_tokens)")
     parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
     parser.add_argument("--beta", type=float)
+    parser.add_argument("--tools", nargs="*", default=[],
+                        help="agent.tools: the tools offered (default: every tool)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--night-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
@@ -236,6 +242,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
+        args.tools = args.tools or QUICK_TOOLS
     args.gguf = find_gguf(args.gguf)
     started = time.monotonic()
     if args.keep:
