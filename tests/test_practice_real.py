@@ -33,6 +33,7 @@ async def test_practice_through_the_real_server_records_a_verdict_per_attempt(
     config.model.hf_dir = served_gguf.parent / "smollm2-135m-instruct-hf"
     config.server.port = free_port
     config.agent.max_steps = 2
+    config.agent.tools = ["read_file", "write_file"]  # a short prompt: seconds, not minutes
     config.agent.max_reply_tokens = 32
     config.practice.held_out_percent = 0
     rt = await Runtime.start(config)
