@@ -22,7 +22,12 @@ judged 0, a failure to learn from, not excluded.
 
 The run is a job row (kind ``practice``) whose progress holds tasks done /
 total and the mean reward so far; each task's end is also sent to the
-runtime's practice listeners (the console prints them).
+runtime's practice listeners (the console prints them). Its args hold the
+set's resolved path and held-out ids: the gate finds the sets practised there
+and reads their held-out items with ``bot.practice.sets.held_out_items``.
+
+The command waits for the whole run (on Discord, within the 15 minutes a
+deferred answer may take; the job row keeps the progress past that).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bot.agent import Agent
+from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers
 from bot.practice.checks import Verdict, judge
 from bot.practice.sets import PracticeSet, Task, load_set
@@ -138,7 +143,7 @@ async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task
     return verdict
 
 
-async def _verdict(rt: Runtime, channel: str, task: Task, result) -> Verdict:
+async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:
     if not result.ok:
         episodes = await rt.store.episodes_since(0, channel)
         status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
