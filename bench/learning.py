@@ -205,6 +205,8 @@ def report(result: dict, started: float) -> None:
     if timings:
         print("  part 1 stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     counts, trained = progress.get("counts") or {}, progress.get("trained") or {}
+    excluded = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("excluded:")}
+    print(f"episodes: {counts.get('episodes', 'n/a')} kept, excluded {excluded or 'none'}")
     print(f"rows: {counts.get('rows', 'n/a')} in the dataset; trained: "
           f"{trained.get('sequences', 'n/a')} sequences, {trained.get('steps', 'n/a')} steps, "
           f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")

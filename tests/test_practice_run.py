@@ -77,7 +77,8 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     finally:
         await rt.close()
     assert "4 tasks x 3 samples (1 held out" in answer.text, answer.text
-    assert "Mean reward 0.67 over 9 judged attempts; 3 unjudged" in answer.text
+    assert "Mean reward 0.67 over 9 judged attempts (0 stopped by a limit before a final " \
+           "answer); 3 unjudged" in answer.text
     # Every model call of a practice turn was sampled at the practice temperature.
     assert {kwargs["temperature"] for _, kwargs in llm.calls} == {0.9}
     by_task: dict[str, list[float]] = {}
@@ -132,3 +133,37 @@ async def test_practice_is_for_admins_only(tmp_path):
     finally:
         await rt.close()
     assert answer.refused
+
+
+async def test_a_turn_stopped_by_the_step_limit_scores_0_and_a_server_failure_is_unjudged(
+        tmp_path):
+    from bot.serving.client import LLMError
+
+    (tmp_path / "always.py").write_text("def reward(answer, workspace):\n    return 1.0\n")
+    tasks = [{"id": "add", "prompt": "loop", "check": {"python": "always.py"}},
+             {"id": "file", "prompt": "down", "check": {"exact": "x"}}]
+    path = tmp_path / "limits.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+
+    def looping(messages, kwargs):
+        if messages[1]["content"] == "down":
+            raise LLMError("the server is down", attempts=1)
+        return call("list_dir", {"path": "."})
+
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.agent.max_steps = 2
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(looping), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
+                                   "practice", file=str(path), samples=2)
+        rewards = await rt.store.events("verifier_reward")
+        unjudged = await rt.store.events("verifier_unjudged")
+    finally:
+        await rt.close()
+    # The python check would give 1.0: it must not run on a turn with no final answer.
+    assert [(e["payload"]["task_id"], e["payload"]["reward"]) for e in rewards] == [("add", 0.0)] * 2
+    assert "2 stopped by a limit" in answer.text
+    assert [e["payload"]["task_id"] for e in unjudged] == ["file", "file"]
+    assert all("the turn ended errored" in e["payload"]["why"] for e in unjudged)

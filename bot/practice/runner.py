@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("nightshift.practice")
 MAX_SAMPLES = 64
+STOPPED = "stopped by a limit before a final answer"
 
 
 @dataclass
@@ -57,6 +58,7 @@ class _Tally:
     tasks: int
     done: int = 0
     rewards: list[float] = field(default_factory=list)
+    stopped: int = 0  # judged 0 because the turn hit a limit
     unjudged: dict[str, int] = field(default_factory=dict)  # why -> count
 
     @property
@@ -67,11 +69,13 @@ class _Tally:
         mean = "n/a" if self.mean is None else f"{self.mean:.2f}"
         skipped = sum(self.unjudged.values())
         return (f"practice #{run}: {self.done}/{self.tasks} tasks, mean reward {mean} over "
-                f"{len(self.rewards)} judged attempts" + (f", {skipped} unjudged" if skipped else ""))
+                f"{len(self.rewards)} judged attempts ({self.stopped} stopped by a limit)"
+                + (f", {skipped} unjudged" if skipped else ""))
 
     def progress(self) -> dict:
         return {"tasks_done": self.done, "tasks": self.tasks, "judged": len(self.rewards),
-                "unjudged": sum(self.unjudged.values()), "mean_reward": self.mean}
+                "stopped": self.stopped, "unjudged": sum(self.unjudged.values()),
+                "mean_reward": self.mean}
 
 
 def practice_agent(rt: Runtime) -> Agent:
@@ -149,7 +153,7 @@ async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) ->
         status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
         if status != "aborted":  # a server or harness error says nothing about the model
             return Verdict(None, f"the turn ended {status}: {result.reply[:200]}")
-        return Verdict(0.0)  # stopped by a limit: no final answer
+        return Verdict(0.0, STOPPED)  # no final answer: a failure, not an unknown
     ctx = rt.spaces.context(channel)
     return await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
                        rt.config.practice.check_timeout_s)
@@ -158,6 +162,7 @@ async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) ->
 def _count(tally: _Tally, verdict: Verdict) -> None:
     if verdict.judged:
         tally.rewards.append(verdict.reward)
+        tally.stopped += verdict.why == STOPPED
     else:
         tally.unjudged[verdict.why] = tally.unjudged.get(verdict.why, 0) + 1
 
@@ -175,7 +180,8 @@ def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int
     mean = "n/a" if tally.mean is None else f"{tally.mean:.2f}"
     lines = [f"Practice #{run} on {pset.name}: {tally.tasks} tasks x {samples} samples "
              f"({held} held out for the gate, never practised).",
-             f"Mean reward {mean} over {len(tally.rewards)} judged attempts; "
+             f"Mean reward {mean} over {len(tally.rewards)} judged attempts "
+             f"({tally.stopped} stopped by a limit before a final answer); "
              f"{sum(tally.unjudged.values())} unjudged (excluded from training)."]
     for why, count in sorted(tally.unjudged.items(), key=lambda kv: -kv[1])[:3]:
         lines.append(f"  unjudged x{count}: {why}")
