@@ -72,7 +72,7 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     sections = {
         "paths": {"data_dir": str(data)},
         "model": {"gguf": str(args.gguf), "hf_dir": str(args.model),
-                  "context_tokens": args.context},
+                  "context_tokens": args.context, "chat_format": args.chat_format},
         "server": {"port": free_port()},
         "agent": {"temperature": 0.0, "max_steps": args.max_steps, "tools": args.tools},
         "practice": {"temperature": args.temperature, "held_out_percent": 0},
@@ -151,7 +151,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     config = load_config(write_config(work, args, probes))
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
-          f"tools: {', '.join(args.tools) or 'all'}; max steps {args.max_steps}", flush=True)
+          f"tools: {', '.join(args.tools) or 'all'}; max steps {args.max_steps}; chat format "
+          f"{args.chat_format}", flush=True)
     rt = await Runtime.start(config)
 
     async def show(line: str) -> None:
@@ -235,6 +236,8 @@ def main() -> None:
                         help="model.context_tokens (and train.max_tokens)")
     parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
     parser.add_argument("--beta", type=float)
+    parser.add_argument("--chat-format", default=Config().model.chat_format,
+                        help="model.chat_format (plain chatml offers no tool calls)")
     parser.add_argument("--tools", nargs="*", default=[],
                         help="agent.tools: the tools offered (default: every tool)")
     parser.add_argument("--seed", type=int, default=0)
