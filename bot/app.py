@@ -58,6 +58,11 @@ async def run_bot(config: Config) -> int:
 
             rt.announcers.append(announce)
 
+            async def practice_progress(line: str) -> None:
+                renderer.info(line)
+
+            rt.practice_listeners.append(practice_progress)
+
             async def turn(channel: str, text: str):
                 if rt.night.server_paused:
                     renderer.info("(asleep: training has the GPU; the message is queued)")

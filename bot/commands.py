@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot import admin, hygiene
 from bot.config import Config
+from bot.practice.runner import run_practice
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -52,10 +53,15 @@ class Caller:
 @dataclass(frozen=True)
 class Arg:
     name: str
-    type: type  # int or str
+    type: type  # int, str or FilePath
     help: str
     required: bool = True
     choices: tuple[str, ...] = ()
+
+
+class FilePath(str):
+    """An argument that names a file on the bot's machine. On Discord the file may
+    instead be attached to the command; the front end saves it and passes its path."""
 
 
 Handler = Callable[..., Awaitable[str]]  # (runtime, caller, **arguments) -> the answer
@@ -119,6 +125,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
              Arg("task", str, "the task, in quotes on the console"))),
     Command("swarm stop", "clear a swarm's task from its members' prompts",
             lambda rt, c, swarm: rt.swarms.stop(swarm), (Arg("swarm", str, "the swarm's name"),)),
+    Command("practice", "practise a set of checked tasks (a JSONL file on the bot's machine)",
+            lambda rt, c, file, samples=None: run_practice(rt, file, samples),
+            (Arg("file", FilePath, "the practice set: a JSONL file of {id, prompt, check}"),
+             Arg("samples", int, "attempts per task (default: practice.samples)",
+                 required=False))),
 )}
 
 
@@ -167,6 +178,7 @@ def parse_command(line: str) -> tuple[str, dict[str, Any]]:
 
 
 def _options(command: Command, words: list[str]) -> dict[str, Any]:
+    words = _named_last(command, words)
     if len(words) > len(command.args):
         raise CommandError(f"too many arguments; usage: {command.usage}")
     options: dict[str, Any] = {}
@@ -177,6 +189,36 @@ def _options(command: Command, words: list[str]) -> dict[str, Any]:
             continue
         options[arg.name] = _value(command, arg, words[i])
     return options
+
+
+def _named_last(command: Command, words: list[str]) -> list[str]:
+    """``--samples 8`` as the positional word of its argument (``/practice F --samples 8``)."""
+    names = [arg.name for arg in command.args]
+    if not any(w.startswith("--") and w[2:] in names for w in words):
+        return words
+    positional, named = [], {}
+    it = iter(words)
+    for word in it:
+        if word.startswith("--") and word[2:] in names:
+            value = next(it, None)
+            if value is None:
+                raise CommandError(f"{word} needs a value; usage: {command.usage}")
+            named[word[2:]] = value
+        else:
+            positional.append(word)
+    ordered = []
+    for i, name in enumerate(names):
+        if name in named:
+            ordered.append(named[name])
+        elif positional:
+            ordered.append(positional.pop(0))
+        elif set(names[i + 1:]) & set(named):
+            raise CommandError(f"{name} is missing; usage: {command.usage}")
+        else:
+            break
+    if positional:
+        raise CommandError(f"too many arguments; usage: {command.usage}")
+    return ordered
 
 
 def _value(command: Command, arg: Arg, word: str) -> Any:

@@ -150,6 +150,8 @@ class Runtime:
     schedule: SleepSchedule | None = None
     # Front ends listen here for what the bot says on its own: (channel key or "", text).
     announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
+    # Front ends add a callable here to show /practice's progress lines as they come.
+    practice_listeners: list[Callable[[str], Awaitable[None]]] = field(default_factory=list)
 
     @classmethod
     async def start(cls, config: Config, *, supervisor: ServerSupervisor | None = None,

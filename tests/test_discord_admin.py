@@ -85,6 +85,7 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
     "swarm start": ({"swarm": "team", "task": "count the files"},
                     "Swarm team started on board post #1: 2 of 2 channels are working on it."),
     "swarm stop": ({"swarm": "team"}, "Swarm team's task is cleared"),
+    "practice": ({"file": "/no/such/set.jsonl"}, "practice: cannot read the practice set"),
 }
 
 
@@ -154,6 +155,9 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
      "swarm start: no swarms are configured"),
     (["swarm", "stop"], {"swarm": "team"}, [{"name": "swarm", "type": 3, "value": "team"}],
      "swarm stop: no swarms are configured"),
+    (["practice"], {"file": "/no/such/set.jsonl", "samples": 2},
+     [{"name": "file", "type": 3, "value": "/no/such/set.jsonl"},
+      {"name": "samples", "type": 4, "value": 2}], "practice: cannot read the practice set"),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -175,7 +179,7 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
                                           "label", "sys", "restart-server", "notes-clean",
-                                          "notes-wipe", "swarm"}
+                                          "notes-wipe", "swarm", "practice"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
     assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}
@@ -224,3 +228,43 @@ async def test_a_long_slash_answer_is_split_over_followups(discord_env, recorder
                              data_options(["sys", "show"], [])))
     followups = [s.content for s in recorder.sent if s.kind == "followup"]
     assert len(followups) >= 2 and all(len(f) <= 2000 for f in followups)
+
+
+class FakeAttachment:
+    """What the slash wrapper reads of a discord.Attachment."""
+
+    def __init__(self, filename: str, data: bytes) -> None:
+        self.filename, self.data, self.size = filename, data, len(data)
+
+    async def read(self) -> bytes:
+        return self.data
+
+
+async def test_practice_takes_its_set_as_an_attachment_saved_under_uploads(discord_env,
+                                                                          recorder):
+    h = await discord_env([])
+    bad_set = FakeAttachment("../drill.jsonl", b'{"id": "a", "prompt": "p"\n')
+    interaction = recorder.interaction(h.bot, h.alice, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(interaction, file_attachment=bad_set)
+    saved = h.rt.config.data_dir / "uploads" / f"{interaction.id}-drill.jsonl"
+    assert saved.read_bytes() == bad_set.data
+    # The saved file went through the practice set's parser: its error names the line.
+    assert f"{saved}:1: not valid JSON" in recorder.sent[1].content
+
+
+async def test_practice_without_a_path_or_an_attachment_says_how_to_give_one(discord_env,
+                                                                            recorder):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.alice, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(interaction)
+    assert recorder.sent[1].content.startswith(
+        "practice: give FILE as a path on the bot's machine, or attach the file")
+
+
+async def test_an_attachment_from_a_non_admin_is_never_saved(discord_env, recorder):
+    h = await discord_env([])
+    interaction = recorder.interaction(h.bot, h.bob, h.general, "practice", [])
+    await tree_command(h.bot, ["practice"]).callback(
+        interaction, file_attachment=FakeAttachment("x.jsonl", b"{}"))
+    assert [s.content for s in recorder.sent] == [REFUSAL]
+    assert not (h.rt.config.data_dir / "uploads").exists()

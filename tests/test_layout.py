@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
-                      "bot.serving.wire"}
+                      "bot.serving.wire",
+                      "bot.practice.sets"}  # standard library only: the gate's held-out items
 # Imports inside functions that load a heavy or optional dependency when used.
 # (The embedder loads its model, notes load chromadb, the front ends load discord.py.)
 LAZY_OK = {"bot.storage.embedder", "tools.notes", "bot.discord_front.app", "bot.doctor",
@@ -79,3 +80,10 @@ def test_no_file_outgrows_the_size_guideline():
     long = [(str(f.relative_to(ROOT)), n) for package in ("bot", "tools", "sandbox", "trainer")
             for f in package_files(package) if (n := len(f.read_text().splitlines())) > 450]
     assert long == []
+
+
+def test_practice_sets_import_only_the_standard_library():
+    """The trainer's gate reads held-out items through it, so it must stay this light."""
+    project = [m for m, _ in imports(ROOT / "bot/practice/sets.py")
+               if top(m) in ("bot", "tools", "sandbox", "trainer", "pydantic", "discord")]
+    assert project == []

@@ -183,3 +183,16 @@ def test_the_stray_probe_is_listed_as_harness_and_gets_no_advantage():
                                  pytest.approx(0.48)]  # 0.5 minus one extra turn's 0.02
     assert [t["step_id"] for t in table] == [102, 106]
     assert row["token_overrides"] == [{"message": 2, "token": -1, "advantage": -1.0}]
+
+
+def test_the_night_reads_the_practice_runners_events_as_verifier_rewards():
+    from trainer.rewards import read_verifier_event
+
+    base = {"task": "add", "task_id": "add", "set": "drill", "group": "drill:add:1",
+            "check": "exact"}
+    judged = read_verifier_event({**base, "reward": 1.0})
+    assert (judged.reward, judged.group, judged.task) == (1.0, "drill:add:1", "add")
+    assert read_verifier_event({**base, "reward": 0.0}).reward == -1.0
+    unjudged = read_verifier_event({**base, "reward": None, "error": "the check timed out",
+                                    "why": "the check timed out"})
+    assert unjudged.reward is None and "timed out" in unjudged.error

@@ -29,6 +29,7 @@ from bot.config.sections import (  # noqa: F401 - re-exported: callers import th
     ModelConfig,
     NightConfig,
     PathsConfig,
+    PracticeConfig,
     SandboxConfig,
     ServerConfig,
     TrainConfig,
@@ -50,6 +51,7 @@ class Config(_Section):
     sleep: SleepConfig = Field(default_factory=SleepConfig)
     notes_hygiene: NotesHygieneConfig = Field(default_factory=NotesHygieneConfig)
     swarms: SwarmsConfig = Field(default_factory=SwarmsConfig)
+    practice: PracticeConfig = Field(default_factory=PracticeConfig)
 
     # Where the config came from; None means embedded defaults.
     _source: Path | None = PrivateAttr(None)

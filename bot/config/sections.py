@@ -330,6 +330,21 @@ class TrainConfig(_Section):
         return value
 
 
+class PracticeConfig(_Section):
+    temperature: float = Field(
+        0.8, ge=0, le=2,
+        description="the sampling temperature of practice attempts, between 0 and 2 (the G "
+                    "attempts of a task must differ to teach anything)",
+    )
+    samples: int = Field(4, ge=1, le=64, description="attempts per task by default (1..64)")
+    held_out_percent: int = Field(
+        20, ge=0, le=90, description="the share of each set's tasks held out for the gate (0..90)"
+    )
+    check_timeout_s: float = Field(
+        10, gt=0, le=300, description="seconds a regex or python check may run (0..300)"
+    )
+
+
 class SandboxConfig(_Section):
     allow_unsandboxed: bool = Field(
         False, description="true or false; true runs code without bubblewrap (unsafe)"

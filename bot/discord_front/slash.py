@@ -17,6 +17,7 @@ with followups.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from typing import TYPE_CHECKING, Literal, Optional
@@ -25,15 +26,26 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.commands import COMMANDS, REFUSAL, Answer, Caller, Command, may_run, run_command
+from bot.commands import (
+    COMMANDS,
+    REFUSAL,
+    Answer,
+    Caller,
+    Command,
+    FilePath,
+    may_run,
+    run_command,
+)
 from bot.discord_front.access import caller_of, role_ids
-from bot.discord_front.render import answer_interaction, send_reply
+from bot.discord_front.render import answer_interaction, safe_name, send_reply
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
 
 logger = logging.getLogger("nightshift.discord")
 __all__ = ["REFUSAL", "Answer", "add_admin_commands", "slash"]
+ATTACHED = "_attachment"  # a FilePath argument's attached-file option is its name + this
+MAX_ATTACHED_BYTES = 16 << 20
 
 
 async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
@@ -47,8 +59,44 @@ async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
         await answer_interaction(interaction, REFUSAL, ephemeral=True)
         return
     await interaction.response.defer(thinking=True)
+    command = COMMANDS[name]
+    try:
+        options = await _attached(rt, command, interaction.id, options)
+    except ValueError as exc:
+        await answer_interaction(interaction, f"{name}: {exc}\nusage: {command.usage}")
+        return
     answer = await run_command(rt, caller, name, **options)
     await answer_interaction(interaction, answer.text)
+
+
+async def _attached(rt: Runtime, command: Command, interaction_id: int,
+                    options: dict) -> dict:
+    """A FilePath argument given as an attachment becomes the path it is saved at
+    (under ``data/uploads``); after the permission check, so only admins' files land."""
+    options = dict(options)
+    for arg in command.args:
+        if arg.type is not FilePath:
+            continue
+        attachment = options.pop(arg.name + ATTACHED, None)
+        if attachment is not None:
+            if attachment.size > MAX_ATTACHED_BYTES:
+                raise ValueError(f"the attached {arg.name} is over {MAX_ATTACHED_BYTES} bytes")
+            path = rt.config.data_dir / "uploads" / (
+                f"{interaction_id}-{safe_name(attachment.filename)}")
+            data = await attachment.read()
+            await asyncio.to_thread(_save, path, data)
+            options[arg.name] = str(path)
+        elif options.get(arg.name) is None:
+            options.pop(arg.name, None)
+            if arg.required:
+                raise ValueError(f"give {arg.name.upper()} as a path on the bot's machine, "
+                                 "or attach the file")
+    return options
+
+
+def _save(path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
 
 
 def add_admin_commands(bot: commands.Bot, rt: Runtime) -> None:
@@ -90,13 +138,24 @@ def _callback(rt: Runtime, command: Command):
 
     params = [inspect.Parameter("interaction", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                 annotation=discord.Interaction)]
+    described = {}
     for arg in command.args:
         kind = Literal[arg.choices] if arg.choices else arg.type
+        required = arg.required and arg.type is not FilePath  # or attached instead
+        shown = str if kind is FilePath else kind
         params.append(inspect.Parameter(
             arg.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-            annotation=kind if arg.required else Optional[kind],
-            default=inspect.Parameter.empty if arg.required else None))
+            annotation=shown if required else Optional[shown],
+            default=inspect.Parameter.empty if required else None))
+        described[arg.name] = arg.help
+        if arg.type is FilePath:
+            params.append(inspect.Parameter(
+                arg.name + ATTACHED, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=Optional[discord.Attachment], default=None))
+            described[arg.name + ATTACHED] = f"{arg.help} (attached instead of a path)"[:100]
+    # Discord lists required options first.
+    params[1:] = sorted(params[1:], key=lambda p: p.default is not inspect.Parameter.empty)
     callback.__signature__ = inspect.Signature(params)
     if command.args:
-        callback = app_commands.describe(**{a.name: a.help for a in command.args})(callback)
+        callback = app_commands.describe(**described)(callback)
     return callback

@@ -1,0 +1,108 @@
+"""The task families of bench/learning.py, generated deterministically.
+
+Each family makes unique items from a seeded generator; the first ``held``
+items are held out and the next ``train`` are practised, so the two are
+disjoint by construction (no prompt is in both). Items are practice-set tasks
+(``{"id", "prompt", "check"}``) and are written as practice-set files, so
+the bench scores them with the product's own parser and checks:
+
+- ``arithmetic``: a sum, difference or product of two numbers, answered with
+  only the number (exact check);
+- ``protocol``: an exact output format: a given word in upper case between
+  square brackets and nothing else (exact check);
+- ``tool``: choosing the right tool with the right arguments: make a folder,
+  or write a file with a given content; a python check (in the sandbox)
+  reads the workspace: 1 when it is exactly right, 0.5 for the right kind of
+  object with the wrong content, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket", "garden",
+         "silver", "candle", "forest", "window", "bottle", "castle", "pencil", "orange",
+         "planet", "button", "shadow", "anchor", "basket", "copper", "dragon", "falcon",
+         "harbor", "island", "jacket", "kettle", "ladder", "marble", "needle", "oyster",
+         "parrot", "quartz", "rabbit", "saddle", "tunnel", "violet", "walnut"]
+OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
+
+DIR_CHECK = """from pathlib import Path
+def reward(answer, workspace):
+    path = Path(workspace) / {name!r}
+    return 1.0 if path.is_dir() else 0.5 if path.exists() else 0.0
+"""
+FILE_CHECK = """from pathlib import Path
+def reward(answer, workspace):
+    path = Path(workspace) / {name!r}
+    if not path.is_file():
+        return 0.0
+    return 1.0 if path.read_text(errors="replace").strip() == {text!r} else 0.5
+"""
+
+
+def arithmetic(rng: random.Random) -> dict:
+    a, b, op = rng.randint(2, 40), rng.randint(2, 40), rng.choice(list(OPS))
+    if op == "times":
+        a, b = rng.randint(2, 12), rng.randint(2, 12)
+    return {"id": f"arithmetic-{a}-{op}-{b}",
+            "prompt": f"What is {a} {op} {b}? Answer with only the number.",
+            "check": {"exact": str(OPS[op](a, b))}}
+
+
+def protocol(rng: random.Random) -> dict:
+    word = rng.choice(WORDS)
+    return {"id": f"protocol-{word}",
+            "prompt": f"Reply with the word {word} in upper case between square brackets, "
+                      "and nothing else.",
+            "check": {"exact": f"[{word.upper()}]"}}
+
+
+def tool(rng: random.Random) -> dict:
+    word, other = rng.sample(WORDS, 2)
+    if rng.random() < 0.5:
+        name = f"{word}-box"
+        return {"id": f"tool-dir-{name}", "prompt": f"Create a folder named {name} in your "
+                "workspace.", "code": DIR_CHECK.format(name=name)}
+    name = f"{word}.txt"
+    return {"id": f"tool-file-{word}-{other}",
+            "prompt": f"Create a file named {name} that contains exactly the word {other}.",
+            "code": FILE_CHECK.format(name=name, text=other)}
+
+
+FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "tool": tool}
+
+
+def items(family: str, train: int, held: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) items of ``family``: unique, disjoint, the same for the same seed."""
+    rng = random.Random(f"{family}:{seed}")
+    made: dict[str, dict] = {}
+    for _ in range((train + held) * 50):
+        item = FAMILIES[family](rng)
+        made.setdefault(item["id"], item)
+        if len(made) == train + held:
+            break
+    else:
+        raise ValueError(f"the {family} family has fewer than {train + held} distinct items")
+    ordered = list(made.values())
+    return ordered[held:], ordered[:held]
+
+
+def write_set(directory: Path, name: str, tasks: list[dict]) -> Path:
+    """A practice-set file (and its python check files) for ``tasks``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for task in tasks:
+        task = dict(task)
+        code = task.pop("code", None)
+        if code is not None:
+            check_file = directory / "checks" / f"{task['id']}.py"
+            check_file.parent.mkdir(exist_ok=True)
+            check_file.write_text(code)
+            task["check"] = {"python": f"checks/{check_file.name}"}
+        lines.append(json.dumps(task))
+    path = directory / f"{name}.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,262 @@
+"""Does a night make the model better? Measured through the product's own path.
+
+    .venv/bin/python bench/learning.py [--model HF_DIR --gguf FILE] [--families ...]
+                                       [--train N --held N --samples G] [--quick]
+
+Steps, all through the real agent, llama.cpp server, sandbox and trainer:
+
+1. before: each family's held-out items, answered by the agent (greedy,
+   ``agent.temperature = 0``, its system prompt and every tool), each in a
+   fresh channel, scored by the item's check (``bot.practice.checks``);
+2. a day of practice: ``/practice`` on each family's train items (the same
+   code as the command), G samples at ``practice.temperature``;
+3. the night: a ``sleep`` job launched by the bot's night watch, i.e.
+   ``python -m trainer sleep --job N`` as ``!sleep`` runs it, over the
+   episodes since the practice began (the "before" answers are not trained
+   on); its stages are timed from the job's states;
+4. after: the night's release is promoted (``/promote``: the server swaps to
+   it) and the held-out items are answered again. This measures the
+   candidate even when the gate refused it; the gate's decision is printed
+   beside it, and a refused candidate would not serve in the product;
+5. per family: before %, after %, delta in pp (an item counts when its check
+   gives 1.0), the mean delta, the night's wall time by stage, the rows and
+   steps trained, and the gate's decision with its reasons.
+
+The held-out items that have an exact answer are also given to the night's
+gate as probes (``night.probes_file``). ``train.max_tokens`` is set to the
+served context, so that rows carrying the tool list are not dropped.
+``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
+most 3 agent steps a turn, with 4 tools offered instead of all of them: a
+check that the path works, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bot.config import Config, load_config  # noqa: E402
+from bot.night.jobs import ACTIVE  # noqa: E402
+from bot.practice.checks import judge  # noqa: E402
+from bot.practice.runner import run_practice  # noqa: E402
+from bot.practice.sets import PracticeSet, load_set  # noqa: E402
+from bot.runtime import Runtime  # noqa: E402
+from families import FAMILIES, items, write_set  # noqa: E402
+from fixtures import find_gguf, free_port  # noqa: E402
+
+DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
+# --quick offers these four tools, not all 40: their list is ~700 prompt tokens, not ~3,300,
+# which is what makes a turn take seconds rather than a minute on a busy 2-core CPU.
+QUICK_TOOLS = ["read_file", "write_file", "make_dir", "list_dir"]
+
+
+def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
+    """A config.toml that the bot and the trainer process both read."""
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    cache = ROOT / "data/cache"
+    if cache.is_dir() and not (data / "cache").exists():
+        (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
+    train = {"max_tokens": args.context}
+    for key in ("epochs", "lr", "beta"):
+        if getattr(args, key) is not None:
+            train[key] = getattr(args, key)
+    sections = {
+        "paths": {"data_dir": str(data)},
+        "model": {"gguf": str(args.gguf), "hf_dir": str(args.model),
+                  "context_tokens": args.context, "chat_format": args.chat_format},
+        "server": {"port": free_port()},
+        "agent": {"temperature": 0.0, "max_steps": args.max_steps, "tools": args.tools},
+        "practice": {"temperature": args.temperature, "held_out_percent": 0},
+        "night": {"probes_file": str(probes), "auto_promote": False},
+        "train": train,
+    }
+    lines = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    path = work / "config.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_sets(work: Path, args: argparse.Namespace) -> tuple[dict, Path]:
+    """{family: (train set path, held-out set path)} and the gate's probes file."""
+    sets, probes = {}, []
+    for family in args.families:
+        train, held = items(family, args.train, args.held, args.seed)
+        sets[family] = (write_set(work / "sets", family, train),
+                        write_set(work / "sets", f"{family}-heldout", held))
+        probes += [{"prompt": t["prompt"], "expected": t["check"]["exact"]}
+                   for t in held if "exact" in t.get("check", {})]
+    path = work / "probes.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in probes))
+    return sets, path
+
+
+async def evaluate(rt: Runtime, pset: PracticeSet, phase: str) -> list[float]:
+    """Each held-out task answered once by the agent in a fresh channel, and checked."""
+    rewards = []
+    for task in pset.tasks:
+        channel = f"bench-{phase}-{pset.name}-{task.id}"
+        result = await rt.turn(channel, task.prompt, "bench")
+        ctx = rt.spaces.context(channel)
+        if not result.ok:
+            rewards.append(0.0)
+            continue
+        verdict = await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
+                              rt.config.practice.check_timeout_s)
+        rewards.append(verdict.reward if verdict.judged else 0.0)
+    return rewards
+
+
+async def night(rt: Runtime, since: float, timeout_s: float) -> dict:
+    """Launch the night job as the bot does, and time each state it passes through."""
+    job_id = await rt.store.create_job("sleep", {"requested_by": "bench/learning.py",
+                                                 "channel": "bench", "since": since,
+                                                 "requested_at": time.time()})
+    started = time.monotonic()
+    await rt.night.launch(job_id)
+    stages: dict[str, float] = {}
+    state, entered = None, started
+    while True:
+        job = await rt.store.job(job_id)
+        now = time.monotonic()
+        if job["state"] != state:
+            if state is not None:
+                stages[state] = stages.get(state, 0.0) + now - entered
+            state, entered = job["state"], now
+            print(f"  night #{job_id}: {state} at {now - started:.0f} s", flush=True)
+        if state not in ACTIVE:
+            break
+        if now - started > timeout_s:
+            await rt.store.update_job(job_id, state="cancelled", error="bench timeout")
+            print(f"  night #{job_id}: cancelled after {timeout_s:.0f} s", flush=True)
+            job = await rt.store.job(job_id)
+            break
+        await asyncio.sleep(1.0)
+    return {"job": job, "wall_s": time.monotonic() - started, "stages": stages}
+
+
+async def run(args: argparse.Namespace, work: Path) -> dict:
+    sets, probes = write_sets(work, args)
+    config = load_config(write_config(work, args, probes))
+    print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
+          f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
+          f"tools: {', '.join(args.tools) or 'all'}; max steps {args.max_steps}; chat format "
+          f"{args.chat_format}", flush=True)
+    rt = await Runtime.start(config)
+
+    async def show(line: str) -> None:
+        print("  " + line, flush=True)
+
+    rt.practice_listeners.append(show)
+    result: dict = {"before": {}, "after": {}}
+    try:
+        held = {f: load_set(paths[1]) for f, paths in sets.items()}
+        t0 = time.monotonic()
+        for family, pset in held.items():
+            result["before"][family] = await evaluate(rt, pset, "before")
+        result["before_s"] = time.monotonic() - t0
+        since = time.time()
+        t0 = time.monotonic()
+        for family, (train_path, _) in sets.items():
+            print((await run_practice(rt, train_path, args.samples)).splitlines()[1], flush=True)
+        result["practice_s"] = time.monotonic() - t0
+        result["night"] = await night(rt, since, args.night_timeout)
+        release_id = result["night"]["job"]["progress"].get("release_id")
+        if release_id is not None:
+            print("  " + await rt.releases.promote(release_id), flush=True)
+            for family, pset in held.items():
+                result["after"][family] = await evaluate(rt, pset, "after")
+    finally:
+        await rt.close()
+    return result
+
+
+def report(result: dict, started: float) -> None:
+    print(f"\n{'family':<12}{'before %':>10}{'after %':>10}{'delta pp':>10}")
+    deltas = []
+    for family, before in result["before"].items():
+        b = 100 * sum(r == 1.0 for r in before) / len(before)
+        after = result["after"].get(family)
+        if after is None:
+            print(f"{family:<12}{b:>10.1f}{'n/a':>10}{'n/a':>10}")
+            continue
+        a = 100 * sum(r == 1.0 for r in after) / len(after)
+        deltas.append(a - b)
+        print(f"{family:<12}{b:>10.1f}{a:>10.1f}{a - b:>+10.1f}")
+    mean = f"{sum(deltas) / len(deltas):+.1f} pp" if deltas else "n/a (no candidate)"
+    print(f"mean delta: {mean}")
+    night_ = result.get("night", {})
+    job = night_.get("job") or {}
+    progress = job.get("progress", {})
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in night_.get("stages", {}).items())
+    print(f"night #{job.get('id')}: {job.get('state')}, wall {night_.get('wall_s', 0):.0f} s "
+          f"({stages})")
+    timings = progress.get("timings") or {}
+    if timings:
+        print("  part 1 stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    counts, trained = progress.get("counts") or {}, progress.get("trained") or {}
+    excluded = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("excluded:")}
+    print(f"episodes: {counts.get('episodes', 'n/a')} kept, excluded {excluded or 'none'}")
+    print(f"rows: {counts.get('rows', 'n/a')} in the dataset; trained: "
+          f"{trained.get('sequences', 'n/a')} sequences, {trained.get('steps', 'n/a')} steps, "
+          f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")
+    gate = progress.get("gate")
+    if gate:
+        print(f"gate: {'PASSED' if gate['passed'] else 'refused'} (gain {gate['gain']:+.3f}); "
+              + "; ".join(gate.get("reasons") or []))
+    elif job.get("error"):
+        print(f"night error: {job['error'].splitlines()[0][:300]}")
+    print(f"before {result.get('before_s', 0):.0f} s, practice {result.get('practice_s', 0):.0f}"
+          f" s; whole benchmark {time.monotonic() - started:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_HF, help="the HF checkpoint")
+    parser.add_argument("--gguf", help="the GGUF served (its conversion of --model)")
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--train", type=int, default=16, help="practised items a family")
+    parser.add_argument("--held", type=int, default=20, help="held-out items a family")
+    parser.add_argument("--samples", type=int, default=4, help="attempts per practised item")
+    parser.add_argument("--temperature", type=float, default=0.8, help="practice temperature")
+    parser.add_argument("--max-steps", type=int, default=Config().agent.max_steps,
+                        help="agent.max_steps")
+    parser.add_argument("--context", type=int, default=Config().model.context_tokens,
+                        help="model.context_tokens (and train.max_tokens)")
+    parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
+    parser.add_argument("--beta", type=float)
+    parser.add_argument("--chat-format", default=Config().model.chat_format,
+                        help="model.chat_format (plain chatml offers no tool calls)")
+    parser.add_argument("--tools", nargs="*", default=[],
+                        help="agent.tools: the tools offered (default: every tool)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--night-timeout", type=float, default=3600.0)
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
+    args = parser.parse_args()
+    if args.quick:
+        args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
+        args.tools = args.tools or QUICK_TOOLS
+    args.gguf = find_gguf(args.gguf)
+    started = time.monotonic()
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        report(asyncio.run(run(args, args.keep.resolve())), started)
+        return
+    with tempfile.TemporaryDirectory(prefix="nightshift-learning-") as tmp:
+        report(asyncio.run(run(args, Path(tmp))), started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""``/practice FILE [--samples G]``: a day of practice on a set, judged by its checks.
+
+Each practised task (the held-out ones never are) is attempted G times, each
+attempt in a fresh channel ``practice-<set>-<task>-<run>-<k>`` (so no attempt
+sees another's history or workspace), through the real agent and tools, at
+``practice.temperature``: the G samples must differ for their comparison to
+teach anything. The agent is the runtime's own agent class on the same
+server, store, tools and channel spaces; only its temperature differs.
+
+Each attempt's verdict is stored as a channel event on its episode, which is
+how the night reads it:
+
+- ``verifier_reward``: ``{"reward", "check", "task", "task_id", "set",
+  "group"}`` (the contract of ``trainer/rewards.py``); ``group`` is
+  ``"<set>:<task id>:<run>"``: the G attempts of one task in one run, whose
+  mean reward is their baseline (README, "How it learns");
+- the same event with ``"reward": None`` and ``"error"`` (and ``"why"``) when
+  the check crashed, timed out or returned garbage, or the turn hit a harness
+  error: unjudged, and the night excludes the episode.
+
+A turn stopped by a limit (steps, malformed calls) has no final answer: it is
+judged 0, a failure to learn from, not excluded.
+
+The run is a job row (kind ``practice``) whose progress holds tasks done /
+total and the mean reward so far; each task's end is also sent to the
+runtime's practice listeners (the console prints them). Its args hold the
+set's resolved path and held-out ids: the gate finds the sets practised there
+and reads their held-out items with ``bot.practice.sets.held_out_items``.
+
+The command waits for the whole run (on Discord, within the 15 minutes a
+deferred answer may take; the job row keeps the progress past that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bot.agent import Agent, TurnResult
+from bot.channels import ChannelWorkers
+from bot.practice.checks import Verdict, judge
+from bot.practice.sets import PracticeSet, Task, load_set
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+logger = logging.getLogger("nightshift.practice")
+MAX_SAMPLES = 64
+STOPPED = "stopped by a limit before a final answer"
+
+
+@dataclass
+class _Tally:
+    """A run's counts, for progress lines and the job row."""
+
+    tasks: int
+    done: int = 0
+    rewards: list[float] = field(default_factory=list)
+    stopped: int = 0  # judged 0 because the turn hit a limit
+    unjudged: dict[str, int] = field(default_factory=dict)  # why -> count
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def line(self, run: int) -> str:
+        mean = "n/a" if self.mean is None else f"{self.mean:.2f}"
+        skipped = sum(self.unjudged.values())
+        return (f"practice #{run}: {self.done}/{self.tasks} tasks, mean reward {mean} over "
+                f"{len(self.rewards)} judged attempts ({self.stopped} stopped by a limit)"
+                + (f", {skipped} unjudged" if skipped else ""))
+
+    def progress(self) -> dict:
+        return {"tasks_done": self.done, "tasks": self.tasks, "judged": len(self.rewards),
+                "stopped": self.stopped, "unjudged": sum(self.unjudged.values()),
+                "mean_reward": self.mean}
+
+
+def practice_agent(rt: Runtime) -> Agent:
+    """The runtime's agent, on the same components, at the practice temperature."""
+    agent = rt.config.agent.model_copy(update={"temperature": rt.config.practice.temperature})
+    config = rt.config.model_copy(update={"agent": agent})
+    return Agent(config, rt.llm, rt.store, rt.registry, rt.spaces.context,
+                 rt.spaces.sys_section, stray=rt.agent.stray)
+
+
+async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None) -> str:
+    """Practise the set at ``path``; returns the summary to show. Raises ValueError
+    (a PracticeSetError naming the line) for a bad file or a bad sample count."""
+    samples = rt.config.practice.samples if samples is None else samples
+    if not 1 <= samples <= MAX_SAMPLES:
+        raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, not {samples}")
+    pset = await asyncio.to_thread(load_set, Path(path).expanduser())
+    practised, held = pset.split(rt.config.practice.held_out_percent)
+    if not practised:
+        raise ValueError(f"every task of {pset.path} is held out; add tasks to practise")
+    run = await rt.store.create_job("practice", {
+        "path": str(pset.path.resolve()), "set": pset.name, "samples": samples,
+        "practised": len(practised), "held_out": [t.id for t in held]})
+    tally = _Tally(len(practised))
+    await rt.store.update_job(run, state="running", progress=tally.progress())
+    workers = ChannelWorkers(practice_agent(rt).turn, queue_size=samples)
+    state = "failed"
+    try:
+        for task in practised:
+            verdicts = await asyncio.gather(*(
+                _attempt(rt, workers, pset, task, run, k) for k in range(samples)))
+            for verdict in verdicts:
+                _count(tally, verdict)
+            tally.done += 1
+            await rt.store.update_job(run, progress=tally.progress())
+            await _tell(rt, tally.line(run))
+        state = "done"
+    except asyncio.CancelledError:
+        state = "cancelled"
+        raise
+    finally:
+        await workers.close()
+        await rt.store.update_job(run, state=state)
+    return _summary(run, pset, tally, samples, len(held))
+
+
+async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task: Task,
+                   run: int, k: int) -> Verdict:
+    """One attempt at ``task``: a turn in a fresh channel, its check, its event."""
+    channel = f"practice-{pset.name}-{task.id}-{run}-{k}"
+    group = f"{pset.name}:{task.id}:{run}"
+    try:
+        result = await workers.submit(channel, task.prompt, "practice")
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a harness bug in this turn: the attempt cannot be judged
+        logger.exception("practice attempt %s failed", channel)
+        verdict, episode = Verdict(None, f"the turn failed: {exc}"), None
+    else:
+        episode = result.episode_id
+        verdict = await _verdict(rt, channel, task, result)
+    # The trainer's contract (trainer/rewards.py): one event kind; reward None = unjudged.
+    data = {"task": task.id, "task_id": task.id, "set": pset.name, "group": group,
+            "check": task.check.kind}
+    if verdict.judged:
+        data.update(reward=verdict.reward)
+    else:
+        data.update(reward=None, error=verdict.why, why=verdict.why)
+    await rt.store.add_event(channel, episode, "verifier_reward", data)
+    return verdict
+
+
+async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:
+    if not result.ok:
+        episodes = await rt.store.episodes_since(0, channel)
+        status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
+        if status != "aborted":  # a server or harness error says nothing about the model
+            return Verdict(None, f"the turn ended {status}: {result.reply[:200]}")
+        return Verdict(0.0, STOPPED)  # no final answer: a failure, not an unknown
+    ctx = rt.spaces.context(channel)
+    return await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
+                       rt.config.practice.check_timeout_s)
+
+
+def _count(tally: _Tally, verdict: Verdict) -> None:
+    if verdict.judged:
+        tally.rewards.append(verdict.reward)
+        tally.stopped += verdict.why == STOPPED
+    else:
+        tally.unjudged[verdict.why] = tally.unjudged.get(verdict.why, 0) + 1
+
+
+async def _tell(rt: Runtime, line: str) -> None:
+    logger.info("%s", line)
+    for listener in list(rt.practice_listeners):
+        try:
+            await listener(line)
+        except Exception:  # a broken listener must not stop the practice
+            logger.exception("practice listener failed")
+
+
+def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int) -> str:
+    mean = "n/a" if tally.mean is None else f"{tally.mean:.2f}"
+    lines = [f"Practice #{run} on {pset.name}: {tally.tasks} tasks x {samples} samples "
+             f"({held} held out for the gate, never practised).",
+             f"Mean reward {mean} over {len(tally.rewards)} judged attempts "
+             f"({tally.stopped} stopped by a limit before a final answer); "
+             f"{sum(tally.unjudged.values())} unjudged (excluded from training)."]
+    for why, count in sorted(tally.unjudged.items(), key=lambda kv: -kv[1])[:3]:
+        lines.append(f"  unjudged x{count}: {why}")
+    lines.append("The next night trains on these attempts with the checks' rewards.")
+    return "\n".join(lines)

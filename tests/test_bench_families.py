@@ -1,0 +1,47 @@
+"""bench/learning.py's task families: deterministic, disjoint, and valid practice sets
+whose checks pass the right answer and fail a wrong one."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from bot.practice.checks import judge
+from bot.practice.sets import load_set
+from sandbox.paths import Workspace
+from sandbox.process import Sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_families", ROOT / "bench/families.py")
+families = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(families)
+
+
+@pytest.mark.parametrize("family", list(families.FAMILIES))
+def test_train_and_held_out_items_are_disjoint_and_the_same_for_the_same_seed(family):
+    train, held = families.items(family, 16, 20, seed=0)
+    assert len(train) == 16 and len(held) == 20
+    assert not {t["prompt"] for t in train} & {t["prompt"] for t in held}
+    assert (train, held) == families.items(family, 16, 20, seed=0)
+    assert (train, held) != families.items(family, 16, 20, seed=1)
+
+
+async def test_the_tool_family_checks_the_workspace_in_the_sandbox(tmp_path):
+    train, _ = families.items("tool", 12, 0)
+    pset = load_set(families.write_set(tmp_path / "sets", "tool", train))
+    assert {t.check.kind for t in pset.tasks} == {"python"}
+    sandbox = Sandbox()
+    for i, task in enumerate(pset.tasks[:4]):
+        root = tmp_path / f"ws{i}"
+        root.mkdir()
+        workspace = Workspace(root)
+        assert (await judge(task, "done", workspace, sandbox)).reward == 0.0
+        item = train[i]
+        if item["id"].startswith("tool-dir-"):
+            (root / item["id"].removeprefix("tool-dir-")).mkdir()
+        else:
+            _, _, word, other = item["id"].split("-")
+            (root / f"{word}.txt").write_text(other + "\n")
+        assert (await judge(task, "done", workspace, sandbox)).reward == 1.0

@@ -1,0 +1,171 @@
+"""/practice through the runtime: a scripted model answers, the real tools, store and
+sandbox run, and each attempt's verdict is stored as a verifier event on its episode."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from bot.commands import Caller, parse_command, run_command
+from bot.config import Config
+from bot.practice.sets import is_held_out
+from bot.runtime import Runtime
+from tests.scripted import ScriptedLLM, call, say
+from tests.test_channels import FakeServer
+
+FILE_CHECK = """
+from pathlib import Path
+def reward(answer, workspace):
+    path = Path(workspace) / "answer.txt"
+    return 1.0 if path.is_file() and path.read_text().strip() == "42" else 0.0
+"""
+CRASH_CHECK = "def reward(answer, workspace):\n    raise ValueError('bad check')\n"
+
+
+def practice_set(tmp_path: Path) -> Path:
+    (tmp_path / "file_check.py").write_text(FILE_CHECK)
+    (tmp_path / "crash_check.py").write_text(CRASH_CHECK)
+    tasks = [
+        {"id": "add", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}},
+        {"id": "sub", "prompt": "What is 9 minus 2?", "check": {"exact": "7"}},
+        {"id": "file", "prompt": "Write 42 to answer.txt", "check": {"python": "file_check.py"}},
+        {"id": "crash", "prompt": "Say hi", "check": {"python": "crash_check.py"}},
+        {"id": "held-2", "prompt": "What is 1 plus 1?", "check": {"regex": "2"}},
+    ]
+    path = tmp_path / "drill.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def script(messages, kwargs):
+    """Right on "add" and "file", wrong on "sub"; the sampled temperature is recorded."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        return say("done")
+    prompt = last["content"]
+    if prompt.startswith("Write 42"):
+        return call("write_file", {"path": "answer.txt", "content": "42"})
+    if "held" in prompt or "1 plus 1" in prompt:
+        raise AssertionError("a held-out task was practised")
+    return say({"What is 2 plus 3?": "5", "What is 9 minus 2?": "6"}.get(prompt, "hi"))
+
+
+async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_path):
+    assert is_held_out("held-2") and not any(is_held_out(t) for t in ("add", "sub", "file",
+                                                                      "crash"))
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.temperature = 0.9
+    llm = ScriptedLLM(script)
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"), llm=llm,
+                             start_server=False)
+    lines: list[str] = []
+
+    async def listen(line: str) -> None:
+        lines.append(line)
+
+    rt.practice_listeners.append(listen)
+    try:
+        name, options = parse_command(f"/practice {practice_set(tmp_path)} --samples 3")
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True), name,
+                                   **options)
+        verdicts = await rt.store.events("verifier_reward")
+        rewards = [e for e in verdicts if e["payload"]["reward"] is not None]
+        unjudged = [e for e in verdicts if e["payload"]["reward"] is None]
+        episodes = {e.id: e for e in await rt.store.episodes_since(0)}
+        jobs = await rt.store.jobs("practice")
+    finally:
+        await rt.close()
+    assert "4 tasks x 3 samples (1 held out" in answer.text, answer.text
+    assert "Mean reward 0.67 over 9 judged attempts (0 stopped by a limit before a final " \
+           "answer); 3 unjudged" in answer.text
+    # Every model call of a practice turn was sampled at the practice temperature.
+    assert {kwargs["temperature"] for _, kwargs in llm.calls} == {0.9}
+    by_task: dict[str, list[float]] = {}
+    for event in rewards:
+        data = event["payload"]
+        assert set(data) == {"reward", "task", "task_id", "set", "check", "group"}
+        assert data["set"] == "drill" and data["group"] == f"drill:{data['task_id']}:{jobs[0]['id']}"
+        episode = episodes[event["episode_id"]]
+        assert event["channel_id"] == episode.channel_id
+        assert episode.channel_id.startswith(f"practice-drill-{data['task_id']}-")
+        by_task.setdefault(data["task_id"], []).append(data["reward"])
+    assert by_task == {"add": [1.0] * 3, "sub": [0.0] * 3, "file": [1.0] * 3}
+    assert {e["payload"]["check"] for e in rewards} == {"exact", "python"}
+    assert len(unjudged) == 3
+    assert all(e["payload"]["task_id"] == "crash" and "bad check" in e["payload"]["why"]
+               for e in unjudged)
+    # Twelve fresh channels, one episode each: no attempt saw another's history.
+    assert len({e.channel_id for e in episodes.values()}) == len(episodes) == 12
+    assert jobs[0]["state"] == "done" and jobs[0]["args"]["held_out"] == ["held-2"]
+    assert jobs[0]["progress"]["tasks_done"] == 4 and jobs[0]["progress"]["judged"] == 9
+    assert len(lines) == 4 and re.match(r"practice #\d+: 4/4 tasks, mean reward 0\.67", lines[-1])
+
+
+async def test_a_bad_practice_file_is_refused_with_its_line_and_nothing_runs(tmp_path):
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "a", "prompt": "p", "check": {"exact": "1"}}\n{"id": "b"\n')
+    llm = ScriptedLLM([])
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"), llm=llm,
+                             start_server=False)
+    try:
+        caller = Caller(0, (), "general", "console", local=True)
+        answer = await run_command(rt, caller, "practice", file=str(path))
+        too_many = await run_command(rt, caller, "practice", file=str(path), samples=0)
+        jobs = await rt.store.jobs("practice")
+    finally:
+        await rt.close()
+    assert "bad.jsonl:2: not valid JSON" in answer.text and "usage: /practice" in answer.text
+    assert "--samples must be between 1 and 64" in too_many.text
+    assert llm.calls == [] and jobs == []
+
+
+async def test_practice_is_for_admins_only(tmp_path):
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM([]), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(5, (), "general", "someone"), "practice",
+                                   file=str(practice_set(tmp_path)))
+    finally:
+        await rt.close()
+    assert answer.refused
+
+
+async def test_a_turn_stopped_by_the_step_limit_scores_0_and_a_server_failure_is_unjudged(
+        tmp_path):
+    from bot.serving.client import LLMError
+
+    (tmp_path / "always.py").write_text("def reward(answer, workspace):\n    return 1.0\n")
+    tasks = [{"id": "add", "prompt": "loop", "check": {"python": "always.py"}},
+             {"id": "file", "prompt": "down", "check": {"exact": "x"}}]
+    path = tmp_path / "limits.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+
+    def looping(messages, kwargs):
+        if messages[1]["content"] == "down":
+            raise LLMError("the server is down", attempts=1)
+        return call("list_dir", {"path": "."})
+
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.agent.max_steps = 2
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(looping), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
+                                   "practice", file=str(path), samples=2)
+        verdicts = await rt.store.events("verifier_reward")
+        rewards = [e for e in verdicts if e["payload"]["reward"] is not None]
+        unjudged = [e for e in verdicts if e["payload"]["reward"] is None]
+    finally:
+        await rt.close()
+    # The python check would give 1.0: it must not run on a turn with no final answer.
+    assert [(e["payload"]["task_id"], e["payload"]["reward"]) for e in rewards] == [("add", 0.0)] * 2
+    assert "2 stopped by a limit" in answer.text
+    assert [e["payload"]["task_id"] for e in unjudged] == ["file", "file"]
+    assert all("the turn ended errored" in e["payload"]["why"] for e in unjudged)
