@@ -51,6 +51,8 @@ def episode_text(episode: Episode) -> str:
 
 def exclusion(episode: Episode, scanner: SecretScanner) -> str | None:
     """Why an episode may not be trained on, or None."""
+    if episode.forgotten_at is not None:  # /forget: its text is erased already
+        return "forgotten"
     if episode.status in EXCLUDED_STATUS:
         return EXCLUDED_STATUS[episode.status]
     if "rejected" in episode.labels:

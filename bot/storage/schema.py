@@ -72,8 +72,15 @@ class Episode:
     ended_at: float | None
     status: str  # "open" | "complete" | "aborted" | "errored"
     model_version: str | None
+    release_id: int | None = None  # the live release when it started; None: the base model
+    forgotten_at: float | None = None  # set by /forget: excluded, its text erased
     steps: list[StoredStep] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # in the order they were given
+
+    @property
+    def label(self) -> str | None:
+        """The label that counts: the latest one given (and not taken back)."""
+        return self.labels[-1] if self.labels else None
 
 
 STEP_FIELDS = tuple(f.name for f in fields(Step))
@@ -249,6 +256,13 @@ MIGRATIONS: list[list[str]] = [
             parts TEXT NOT NULL,
             PRIMARY KEY (night_id, step_id)
         )""",
+    ],
+    # 3: who gave a label (reactions can be taken back, by their giver only), the release
+    # that served each episode, and episodes forgotten by /forget.
+    [
+        "ALTER TABLE labels ADD COLUMN user_id INTEGER",
+        "ALTER TABLE episodes ADD COLUMN release_id INTEGER",
+        "ALTER TABLE episodes ADD COLUMN forgotten_at REAL",
     ],
 ]
 
