@@ -22,6 +22,7 @@ from bot.storage.store import Episode, Store
 from trainer.secrets import SecretScanner
 
 EXCLUDED_STATUS = {"open": "incomplete", "aborted": "aborted", "errored": "errored"}
+ANY_RELEASE = object()  # collect's default: episodes served by any release
 
 
 @dataclass
@@ -72,14 +73,21 @@ async def last_night_end(store: Store) -> float:
 
 
 async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
-                  since: float | None = None, until: float | None = None) -> Collection:
-    """Eligible episodes since ``since`` (default: the end of the last night)."""
+                  since: float | None = None, until: float | None = None,
+                  release: object = ANY_RELEASE) -> Collection:
+    """Eligible episodes since ``since`` (default: the end of the last night).
+
+    ``release``: the release id whose episodes to keep (None: the base model). π_lag is
+    the model a night trains from, so an episode another release served is off-policy:
+    it is excluded as ``other-release`` (counted, and kept in the store)."""
     since = await last_night_end(store) if since is None else since
     until = time.time() if until is None else until
     episodes = [e for e in await store.episodes_since(since) if e.started_at <= until]
     kept, excluded = [], Counter()
     for episode in episodes:
         reason = exclusion(episode, scanner)
+        if reason is None and release is not ANY_RELEASE and episode.release_id != release:
+            reason = "other-release"
         if reason:
             excluded[reason] += 1
         else:

@@ -24,7 +24,7 @@ from bot.config import Config
 from bot.storage.store import Store
 from trainer.advantages import episode_row, message_advantages, value_row
 from trainer.client import JsonClient
-from trainer.collect import collect, write_manifest
+from trainer.collect import ANY_RELEASE, collect, write_manifest
 from trainer.judge import Judge, SubTask, Verifier, WindowResult, channel_days
 from trainer.secrets import SecretScanner
 from trainer.understanding import sampled, understanding_score
@@ -48,12 +48,12 @@ def night_dir(config: Config, night_id: int) -> Path:
 
 async def run_part1(config: Config, store: Store, night_id: int, client: JsonClient,
                     memory: ValueMemory, since: float | None, until: float,
-                    verifiers: list[Verifier] = (), progress: Progress = lambda s, d: None
-                    ) -> NightResult:
+                    verifiers: list[Verifier] = (), progress: Progress = lambda s, d: None,
+                    release: object = ANY_RELEASE) -> NightResult:
     settings, counts, timings = config.night, Counter(), {}
     clock = time.perf_counter()
     scanner = SecretScanner(config.secret_values())
-    collection = await collect(store, scanner, settings.eval_percent, since, until)
+    collection = await collect(store, scanner, settings.eval_percent, since, until, release)
     days = channel_days(collection.episodes)
     counts.update({f"excluded:{k}": v for k, v in collection.excluded.items()})
     counts["episodes"] = len(collection.episodes)
