@@ -9,7 +9,7 @@ from bot.channels import Busy
 from bot.commands import Caller, CommandError, parse_command, run_command
 from bot.config import Config
 from bot.console import ConsoleRenderer, run_console
-from bot.night.jobs import ACTIVE, night_line
+from bot.night.jobs import ACTIVE, night_line, pid_alive
 from bot.runtime import Runtime
 from sandbox.process import unsandboxed_warning
 
@@ -29,9 +29,12 @@ def console_commands(rt: Runtime) -> object:
 
 
 def _unfinished(job: dict, auto_promote: bool) -> bool:
-    """Still under way, or about to be promoted by the watch (auto-promote, not yet tried)."""
-    return job["state"] in ACTIVE or (auto_promote and job["state"] == "awaiting_promotion"
-                                      and "promotion" not in job["progress"])
+    """Under way in a live trainer process (the watch marks a dead one failed), or about
+    to be promoted by the watch (auto-promote, not yet tried)."""
+    if job["state"] in ACTIVE:
+        return pid_alive(job["pid"])
+    return (auto_promote and job["state"] == "awaiting_promotion"
+            and "promotion" not in job["progress"])
 
 
 async def finish_nights(rt: Runtime, renderer: ConsoleRenderer, interval_s: float = 2.0) -> None:

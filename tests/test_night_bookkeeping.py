@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import subprocess
+import sys
 import time
 
 from bot import admin
@@ -183,8 +185,9 @@ async def test_a_corrupt_live_release_is_retired_at_start_and_the_base_serves(tm
 async def test_the_consoles_end_of_input_lets_a_running_night_finish(tmp_path):
     rt = await runtime(tmp_path)
     try:
+        trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         job = await rt.store.create_job("sleep", {})
-        await rt.store.update_job(job, state="training")
+        await rt.store.update_job(job, state="training", pid=trainer.pid)
         err = io.StringIO()
 
         async def trainer_finishes():
@@ -195,10 +198,26 @@ async def test_the_consoles_end_of_input_lets_a_running_night_finish(tmp_path):
                 "gate": {"outcome": "reject", "reasons": ["planted"]}})
 
         finishing = asyncio.create_task(trainer_finishes())
-        await finish_nights(rt, ConsoleRenderer(io.StringIO(), err), interval_s=0.05)
-        await finishing
+        try:
+            await finish_nights(rt, ConsoleRenderer(io.StringIO(), err), interval_s=0.05)
+            await finishing
+            assert trainer.poll() is None  # the night was waited for, not killed
+        finally:
+            trainer.kill()
+            trainer.wait()
         lines = err.getvalue().splitlines()
         assert lines[0].startswith(f"End of input, but night #{job} is still running")
         assert lines[-1] == f"The night finished: Night #{job}: done · gate: reject (planted)"
+    finally:
+        await rt.close()
+
+
+async def test_a_night_without_a_live_trainer_does_not_hold_the_console(tmp_path):
+    rt = await runtime(tmp_path)
+    try:
+        job = await rt.store.create_job("sleep", {})  # queued, but no process ever took it
+        err = io.StringIO()
+        await asyncio.wait_for(finish_nights(rt, ConsoleRenderer(io.StringIO(), err)), 5)
+        assert err.getvalue() == "" and (await rt.store.job(job))["state"] == "queued"
     finally:
         await rt.close()
