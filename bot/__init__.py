@@ -6,7 +6,8 @@ Top level, the agent and what drives it:
 - ``channels``: one queue and worker per channel, the stray end-of-turn check;
 - ``runtime``: builds everything a front end talks to, and closes it;
 - ``console``, ``app``: the local console, and the start of the bot;
-- ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``.
+- ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``;
+- ``labelling``: who may label an episode or have it forgotten, and those acts.
 
 Sub-packages, one concern each:
 
