@@ -198,14 +198,18 @@ class FakeLlama:
 
 def test_the_gate_asks_like_the_agents_client():
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
-    messages = AgentView("sys", tools).render("time?")
+    requests = [AgentView("sys", tools).render("time?"), AgentView("sys", tools).render("hi")]
     words = FakeLlama(call=False)
-    assert ask_like_agent(words, messages, tools, "chatml-function-calling", 64) == "It is noon."
-    assert [r["tool_choice"] for r in words.requests] == ["auto", "none"]
+    assert ask_like_agent(words, requests, tools, "chatml-function-calling", 64) == \
+        ["It is noon.", "It is noon."]
+    # Every "auto" request first (they share the tool-list prefix), then the retries.
+    assert [r["tool_choice"] for r in words.requests] == ["auto", "auto", "none", "none"]
     assert words.requests[0]["tools"] == tools and words.requests[0]["temperature"] == 0
+    assert words.requests[2]["messages"] == requests[0]
     calling = FakeLlama(call=True)
-    assert ask_like_agent(calling, messages, tools, "chatml-function-calling", 64) == \
-        'get_time {"zone": "UTC"}'
+    assert ask_like_agent(calling, requests[:1], tools, "chatml-function-calling", 64) == \
+        ['get_time {"zone": "UTC"}']
+    assert [r["tool_choice"] for r in calling.requests] == ["auto"]
 
 
 async def test_the_gate_renders_a_request_exactly_as_the_agent_sends_it(tmp_path):

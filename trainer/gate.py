@@ -169,8 +169,8 @@ def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
                 chat_format=chat_format, verbose=False, seed=0)
     try:
-        return [ask_like_agent(llm, view.render(r), view.tools, chat_format, max_tokens)
-                for r in requests]
+        return ask_like_agent(llm, [view.render(r) for r in requests], view.tools, chat_format,
+                              max_tokens)
     finally:
         del llm
         gc.collect()
