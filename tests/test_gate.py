@@ -181,11 +181,13 @@ def test_eval_items_are_the_first_request_of_held_out_episodes():
 class FakeLlama:
     """Answers as chatml-function-calling does: empty under ``auto`` unless it calls."""
 
-    def __init__(self, call: bool) -> None:
-        self.call, self.requests = call, []
+    def __init__(self, call: bool, overflow: bool = False) -> None:
+        self.call, self.overflow, self.requests = call, overflow, []
 
     def create_chat_completion(self, **params):
         self.requests.append(params)
+        if self.overflow:
+            raise ValueError("Requested tokens (8193) exceed context window of 8192")
         if self.call:
             message = {"content": None, "tool_calls": [{"function": {
                 "name": "get_time", "arguments": '{"zone": "UTC"}'}}]}
@@ -210,6 +212,10 @@ def test_the_gate_asks_like_the_agents_client():
     assert ask_like_agent(calling, requests[:1], tools, "chatml-function-calling", 64) == \
         ['get_time {"zone": "UTC"}']
     assert [r["tool_choice"] for r in calling.requests] == ["auto"]
+    # A call whose arguments never end overflows the context: an empty answer, no retry.
+    endless = FakeLlama(call=True, overflow=True)
+    assert ask_like_agent(endless, requests[:1], tools, "chatml-function-calling", 64) == [""]
+    assert len(endless.requests) == 1
 
 
 async def test_the_gate_renders_a_request_exactly_as_the_agent_sends_it(tmp_path):

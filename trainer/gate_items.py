@@ -31,6 +31,7 @@ test the chosen tool and its arguments.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ from pathlib import Path
 from bot.config import Config
 from bot.serving.wire import needs_tool_choice, server_messages
 from bot.storage.store import Store
+
+logger = logging.getLogger("nightshift.gate")
 
 # Open chat, the regression check: a fixed, varied set, so narrow training that hurts
 # general conversation shows up (degenerate repetition, or a judged score that falls).
@@ -179,13 +182,22 @@ def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_form
             params["tools"] = tools
             if choice:
                 params["tool_choice"] = choice
-        return llm.create_chat_completion(**params)["choices"][0]["message"]
+        try:
+            return llm.create_chat_completion(**params)["choices"][0]["message"]
+        except ValueError as exc:
+            # llama-cpp-python's function-calling handler writes a call's arguments with no
+            # token limit, so an endless argument (a number that never ends) fills the
+            # context and raises; the served agent gets the same error. It is a failed
+            # answer, scored as the empty answer, and the gate goes on.
+            logger.warning("gate request failed: %s", exc)
+            return {"content": "", "error": str(exc)}
 
     auto = "auto" if tools and needs_tool_choice(chat_format) else None
     replies = [ask(messages, auto) for messages in requests]
     if auto:
         for i, message in enumerate(replies):
-            if not message.get("tool_calls") and not (message.get("content") or "").strip():
+            if not message.get("tool_calls") and not (message.get("content") or "").strip() \
+                    and "error" not in message:
                 replies[i] = ask(requests[i], "none")
     return [answer_text(message) for message in replies]
 
