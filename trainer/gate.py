@@ -56,6 +56,7 @@ SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1
 # Answers are cut here (the agent's own limit, if lower, applies): enough for a check on an
 # answer's start and for repetition to show, and it bounds the gate's time on a CPU.
 GATE_MAX_TOKENS = 128
+GATE_CONTEXT = 4096
 Scorer = Callable[[dict, str], "float | None"]  # (check, answer) -> [0, 1], or None: unscored
 
 
@@ -231,7 +232,12 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     dataset (for the eval split); ``check`` runs between the two sides (cancellation)."""
     items = heldout_items(config, args) + eval_items(rows, config.night.eval_max)
     view = await agent_view(config, store, args)
-    chat_format, n_ctx = config.model.chat_format, config.model.context_tokens
+    # The context is bounded because of llama-cpp-python's endless tool arguments (see
+    # gate_items.ask_like_agent): each one fills the context before it fails, and 4,096
+    # tokens still hold the agent's prompt with the full tool list (about 3,300) and an
+    # answer. A longer request fails alike on both sides, as an empty answer.
+    chat_format = config.model.chat_format
+    n_ctx = min(config.model.context_tokens, GATE_CONTEXT)
     max_tokens = min(config.agent.max_reply_tokens, GATE_MAX_TOKENS)
     client = JsonClient.for_config(config)
     try:
