@@ -9,6 +9,7 @@ Top level, the agent and what drives it:
 - ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``;
 - ``swarm`` (``/swarm start``: member turns on a shared board), ``hygiene``
   (``/notes-clean``: the routine cleaning turn).
+- ``labelling``: who may label an episode or have it forgotten, and those acts.
 
 Sub-packages, one concern each:
 

@@ -8,7 +8,11 @@ the permission check and the error policy live there too.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bot.night.jobs import ACTIVE, STAGES, stop_trainer
@@ -36,11 +40,12 @@ async def status(rt: Runtime) -> str:
 async def sleep(rt: Runtime, requested_by: str, channel: str) -> str:
     """Record a night request and launch its trainer. The check for a night already under
     way and the new job are one transaction: two /sleeps at once start one night."""
-    done = await rt.store.jobs("sleep", ["done"])
-    since = done[-1]["updated_at"] if done else 0.0
+    # From the end of the last promoted night's collection: an unpromoted night's data stays.
+    since = await rt.store.next_night_since()
+    view = await asyncio.to_thread(write_agent_view, rt)
     job, running = await rt.store.create_exclusive_job(
         "sleep", {"requested_by": requested_by, "channel": channel, "since": since,
-                  "requested_at": time.time()}, ACTIVE)
+                  "requested_at": time.time(), "agent_view": str(view)}, ACTIVE)
     if running is not None:
         return f"A night is already {running['state']} (job #{job})."
     episodes = await rt.store.episodes_since(since)
@@ -49,6 +54,22 @@ async def sleep(rt: Runtime, requested_by: str, channel: str) -> str:
     return (f"Going to sleep: night job #{job} over {len(episodes)} episodes since {when}.\n"
             f"It runs {' → '.join(STAGES)}; /wake cancels it. "
             f"Log: {rt.config.data_dir / 'logs' / f'night-{job}.log'}")
+
+
+def write_agent_view(rt: Runtime) -> Path:
+    """What the agent sends a fresh channel (its system prompt and tools), for the night's
+    gate to render its items the same way (trainer.gate_items). Named by its hash: one
+    file per distinct view."""
+    view = {"system": rt.agent.system_prompt_for(""), "tools": rt.agent.tools.schemas()}
+    text = json.dumps(view, ensure_ascii=False, sort_keys=True)
+    folder = rt.config.data_dir / "agent-views"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.is_file():
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        os.replace(partial, path)
+    return path
 
 
 async def wake(rt: Runtime) -> str:

@@ -291,8 +291,13 @@ class Agent:
         return {t["function"]["name"] for t in self.tools.schemas()}
 
     def system_prompt(self, channel: str) -> str:
+        return self.system_prompt_for(self.sys_section(channel), channel)
+
+    def system_prompt_for(self, section: str, channel: str = "") -> str:
+        """The system prompt with a channel's editable section ("" for a fresh channel)
+        and what the prompt hooks add for it (a swarm member's task)."""
         parts = [self.config.agent.system_prompt]
-        section = self.sys_section(channel).strip()
+        section = section.strip()
         if section:
             parts.append("Your own notes for this channel (you edit them with update_sys):\n"
                          + section)

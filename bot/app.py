@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 from bot.channels import Busy
 from bot.commands import Caller, CommandError, parse_command, run_command
 from bot.config import Config
 from bot.console import ConsoleRenderer, run_console
-from bot.night.jobs import night_line
+from bot.night.jobs import ACTIVE, night_line, pid_alive
 from bot.runtime import Runtime
 from sandbox.process import unsandboxed_warning
 
@@ -25,6 +26,36 @@ def console_commands(rt: Runtime) -> object:
         return (await run_command(rt, caller, name, **options)).text
 
     return command
+
+
+def _unfinished(job: dict, auto_promote: bool) -> bool:
+    """Under way in a live trainer process (the watch marks a dead one failed), or about
+    to be promoted by the watch (auto-promote, not yet tried)."""
+    if job["state"] in ACTIVE:
+        return pid_alive(job["pid"])
+    return (auto_promote and job["state"] == "awaiting_promotion"
+            and "promotion" not in job["progress"])
+
+
+async def finish_nights(rt: Runtime, renderer: ConsoleRenderer, interval_s: float = 2.0) -> None:
+    """At the console's end of input, let a running night finish instead of killing it.
+
+    Closing the runtime stops the model server that the night judges with, and the
+    nights this bot started, so the bot waits here, saying so, and reports how each
+    night ended. Ctrl-C still stops at once (the night can then be resumed)."""
+    auto = rt.config.night.auto_promote
+    waiting = [j for j in await rt.store.jobs("sleep") if _unfinished(j, auto)]
+    if not waiting:
+        return
+    names = ", ".join(f"#{j['id']}" for j in waiting)
+    renderer.info(f"End of input, but night {names} is still running: waiting for it to "
+                  "finish before stopping (Ctrl-C stops now; the night can be resumed with "
+                  "python -m trainer sleep --job N).")
+    for job in waiting:
+        while _unfinished(job, auto):
+            await asyncio.sleep(interval_s)
+            job = await rt.store.job(job["id"])
+        renderer.info(f"The night finished: {night_line(job)}")
 
 
 async def run_bot(config: Config) -> int:
@@ -72,6 +103,7 @@ async def run_bot(config: Config) -> int:
                     return str(exc)
 
             await run_console(turn, console_commands(rt), renderer, sys.stdin)
+            await finish_nights(rt, renderer)
     finally:
         await rt.close()
     return 0

@@ -5,7 +5,9 @@ Discord's slash commands (``bot.discord_front.slash``), the console and its
 through ``run_command``, which holds the one permission check and the one
 error policy:
 
-- a caller who is not an admin gets ``REFUSAL`` and nothing runs;
+- a caller who is not an admin gets ``REFUSAL`` and nothing runs, unless the
+  command has its own rule (``Command.also_allowed``): ``/forget`` is open to
+  the episode's author too, and refuses others with its own text;
 - bad arguments (``CommandError``, ``ValueError``) get the command's usage;
 - any other exception is logged and answered as ``"NAME failed: why"``; the
   front end and the bot keep going.
@@ -25,7 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bot import admin, hygiene
+from bot import admin, hygiene, labelling
 from bot.config import Config
 from bot.practice.runner import run_practice
 
@@ -73,6 +75,10 @@ class Command:
     help: str
     handler: Handler
     args: tuple[Arg, ...] = ()
+    # Besides admins, who may run it: (runtime, caller, options) -> bool. None: admins only.
+    also_allowed: Callable[..., Awaitable[bool]] | None = None
+    refusal: str = REFUSAL
+    who: str = "admins"  # for the help texts
 
     @property
     def usage(self) -> str:
@@ -93,6 +99,10 @@ class CommandError(ValueError):
     """A command line or its arguments are malformed; the text says how to fix it."""
 
 
+async def _episode_author(rt: Runtime, caller: Caller, episode_id: int = 0, **_: Any) -> bool:
+    return await labelling.may_handle(rt.store, episode_id, caller.user_id, admin=False)
+
+
 _RELEASE = Arg("release_id", int, "the release's id", required=False)
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("status", "model, server health, queues and the night",
@@ -109,6 +119,13 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             (Arg("episode_id", int, "the episode's id"),
              Arg("label", str, "the label to give it",
                  choices=("accepted", "rejected", "verified")))),
+    Command("forget", "exclude an episode from training and erase its text",
+            lambda rt, c, episode_id: labelling.forget(rt.store, episode_id, c.user_id,
+                                                       admin=True),
+            (Arg("episode_id", int, "the episode's id"),),
+            also_allowed=_episode_author, who="admins, or the episode's author",
+            refusal=("Sorry, only the person whose message started that episode, or an "
+                     "admin, may forget it.")),
     Command("sys show", "show this channel's agent-editable system section",
             lambda rt, c: admin.sys_show(rt, c.channel)),
     Command("sys reset", "reset this channel's agent-editable system section",
@@ -143,12 +160,20 @@ def may_run(config: Config, caller: Caller) -> bool:
     return caller.local or is_admin(config, caller.user_id, caller.role_ids)
 
 
+async def permitted(rt: Runtime, caller: Caller, name: str, **options: Any) -> bool:
+    """An admin may run every command; a command's own rule may let others run it."""
+    if may_run(rt.config, caller):
+        return True
+    rule = COMMANDS[name].also_allowed
+    return rule is not None and await rule(rt, caller, **options)
+
+
 async def run_command(rt: Runtime, caller: Caller, name: str, **options: Any) -> Answer:
-    """Check that ``caller`` is an admin, then run the command ``name``."""
+    """Check that ``caller`` may run the command ``name``, then run it."""
     command = COMMANDS[name]
-    if not may_run(rt.config, caller):
+    if not await permitted(rt, caller, name, **options):
         logger.info("refused %s to %s", name, caller.name)
-        return Answer(REFUSAL, refused=True)
+        return Answer(command.refusal, refused=True)
     logger.info("%s runs %s %s in #%s", caller.name, name, options or "", caller.channel)
     try:
         return Answer(await command.handler(rt, caller, **options))
@@ -237,4 +262,4 @@ def _value(command: Command, arg: Arg, word: str) -> Any:
 def help_lines() -> list[str]:
     """One line per command, for the console's /help (and any front end's)."""
     width = max(len(c.usage) for c in COMMANDS.values()) + 2
-    return [f"{c.usage:<{width}}{c.help} (admins)" for c in COMMANDS.values()]
+    return [f"{c.usage:<{width}}{c.help} ({c.who})" for c in COMMANDS.values()]

@@ -23,8 +23,8 @@ from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
 from bot.config import Config
 from bot.serving.client import LLM
-from bot.night.releases import Releases
 from bot.night.jobs import ACTIVE
+from bot.night.releases import Releases, serve_live
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
 from bot.serving.supervisor import ServerSupervisor
@@ -162,6 +162,8 @@ class Runtime:
             store = await Store.open(config.store_path)
             stack.push_async_callback(store.close)
             supervisor = supervisor or ServerSupervisor(config)
+            serving = await serve_live(store, supervisor)  # what serves is what is live
+            logger.info("serving %s", serving or f"the base model ({supervisor.gguf.name})")
             if start_server:
                 stack.push_async_callback(supervisor.stop)
                 await supervisor.start()

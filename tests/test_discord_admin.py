@@ -77,6 +77,7 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
     "promote": ({"release_id": None}, "No candidate release to promote."),
     "rollback": ({"release_id": 7}, "Release #7 is not a retired release."),
     "label": ({"episode_id": 1, "label": "verified"}, "Episode #1 labelled verified."),
+    "forget": ({"episode_id": 1}, "Episode #1 is forgotten"),
     "sys show": ({}, "(this channel's editable system section is empty)"),
     "sys reset": ({}, "This channel's editable system section was reset"),
     "restart-server": ({}, "Model server restarted (pid 4243)."),
@@ -118,7 +119,7 @@ async def test_an_admin_role_is_enough(rt):
 async def test_every_admin_action_is_refused_to_a_non_admin(rt):
     for name, (options, _) in ADMIN_CASES.items():
         answer = await run_admin(rt, BOB, name, **options)
-        assert answer.refused and answer.text == REFUSAL
+        assert answer.refused and answer.text == ACTIONS[name].refusal
     assert await rt.store.jobs("sleep") == [] and rt.supervisor.restarts == 0
     assert labels(rt.config) == []
 
@@ -144,6 +145,8 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
     (["label"], {"episode_id": 99, "label": "accepted"},
      [{"name": "episode_id", "type": 4, "value": 99},
       {"name": "label", "type": 3, "value": "accepted"}], "Not labelled: no episode 99"),
+    (["forget"], {"episode_id": 99}, [{"name": "episode_id", "type": 4, "value": 99}],
+     "forget: no episode 99"),
     (["sys", "show"], {}, [], "(this channel's editable system section is empty)"),
     (["sys", "reset"], {}, [], "This channel's editable system section was reset"),
     (["restart-server"], {}, [], "Model server restarted"),
@@ -178,8 +181,8 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     h = await discord_env([])
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
-                                          "label", "sys", "restart-server", "notes-clean",
-                                          "notes-wipe", "swarm", "practice"}
+                                          "label", "forget", "sys", "restart-server",
+                                          "notes-clean", "notes-wipe", "swarm", "practice"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
     assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}
@@ -204,7 +207,8 @@ async def test_admin_slash_command_refuses_a_non_admin_ephemerally(discord_env, 
     interaction = recorder.interaction(h.bot, h.bob, h.general, path[0],
                                        data_options(path, options))
     await tree_command(h.bot, path).callback(interaction, **kwargs)
-    assert [(s.kind, s.content, s.flags) for s in recorder.sent] == [("message", REFUSAL, 64)]
+    refusal = ACTIONS[" ".join(path)].refusal  # REFUSAL, or /forget's own
+    assert [(s.kind, s.content, s.flags) for s in recorder.sent] == [("message", refusal, 64)]
     assert await h.rt.store.jobs("sleep") == [] and h.rt.supervisor.restarts == 0
 
 

@@ -1,37 +1,240 @@
-"""The evaluation gate's decision, checked by hand on small cases."""
+"""The paired gate: its three outcomes on planted before/after answers, its items, and
+that it renders a request exactly as the agent does.
+
+The decision tests plant each model's answers and a judge that scores by the
+answer's text, so every figure can be checked by hand. The slow test at the
+end answers through the real llama.cpp model and scores the open chat through
+an HTTP judge.
+"""
 
 from __future__ import annotations
 
-from trainer.gate import Side, decide, eval_prompts, repetition
+import json
+
+import pytest
+
+from bot.admin import write_agent_view
+from bot.storage.store import Store
+from tests.discord_helpers import make_config, start_runtime
+from tests.judge_server import JudgeServer
+from tests.scripted import ScriptedLLM, say
+from trainer.client import JsonClient
+from trainer.gate import (
+    GateSettings,
+    decide,
+    generate,
+    paired_interval,
+    repetition,
+    run_gate,
+    score_side,
+)
+from trainer.gate_items import (
+    OPEN_PROMPTS,
+    AgentView,
+    Item,
+    agent_view,
+    ask_like_agent,
+    eval_items,
+    heldout_items,
+    read_items,
+    score_check,
+)
+
+SETTINGS = GateSettings(margin=0.05, regression_margin=0.5, min_items=20)
+FINE_CHAT = [f"a plain answer number {i}" for i in range(len(OPEN_PROMPTS))]
 
 
-def side(eval_score=None, probe=None, open_score=0.5, degenerate=(False, False)):
-    return Side(eval_score, probe, open_score, list(degenerate))
+class PlantedJudge:
+    """Scores an answer by its text: "good ..." 2, "bad ..." -2, anything else 1."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+
+    async def ask(self, messages, schema, max_tokens, name="answer", temperature=0.0):
+        self.requests += 1
+        answer = messages[-1]["content"].split("Answer: ", 1)[1]
+        score = 2 if answer.startswith("good") else -2 if answer.startswith("bad") else 1
+        return {"score": score}, json.dumps({"score": score})
 
 
-def test_a_candidate_better_by_the_margin_passes():
-    report = decide(side(0.1, 0.5), side(0.3, 0.5), margin=0.05, regression_margin=0.5)
-    assert report.passed and abs(report.gain - 0.2) < 1e-9
+def arithmetic(n: int) -> list[Item]:
+    return [Item(f"add:{i}", f"What is {i} + {i}? Answer with the number only.",
+                 {"exact": str(2 * i)}) for i in range(n)]
 
 
-def test_a_candidate_not_better_by_the_margin_stays_a_candidate():
-    report = decide(side(0.1, 0.5), side(0.12, 0.5), margin=0.05, regression_margin=0.5)
-    assert not report.passed and "below the margin" in report.reasons[0]
+def answers(items: list[Item], right: set[int]) -> list[str]:
+    return [i.check["exact"] if k in right else "I am not sure" for k, i in enumerate(items)]
 
 
-def test_new_degenerate_repetition_is_a_regression_even_with_a_gain():
-    report = decide(side(0.0), side(1.0, degenerate=(False, True)), 0.05, 0.5)
-    assert not report.passed and "turned degenerate" in report.reasons[0]
+async def sides(items, before_right, after_right, after_chat=FINE_CHAT):
+    judge = PlantedJudge()
+    before = await score_side(judge, items, answers(items, before_right), FINE_CHAT)
+    after = await score_side(judge, items, answers(items, after_right), after_chat)
+    return before, after
 
 
-def test_open_chat_falling_by_more_than_the_regression_margin_fails():
-    report = decide(side(0.0, open_score=0.8), side(1.0, open_score=0.1), 0.05, 0.5)
-    assert not report.passed and "open chat score fell" in report.reasons[0]
+async def test_a_clear_per_item_gain_on_enough_items_promotes():
+    items = arithmetic(30)
+    before, after = await sides(items, set(range(10)), set(range(28)))
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "promote" and report.passed
+    assert report.n == 30 and report.gain == pytest.approx(18 / 30)
+    assert report.lower >= 0.05 and "lower end reaches the margin" in report.reasons[0]
 
 
-def test_no_evidence_means_no_promotion():
-    report = decide(side(), side(), 0.0, 0.5)
-    assert not report.passed and "no held-out prompt or probe" in report.reasons[0]
+async def test_a_candidate_that_got_worse_is_rejected():
+    items = arithmetic(30)
+    before, after = await sides(items, set(range(20)), set(range(3)))
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "reject" and not report.passed
+    assert report.gain == pytest.approx(-17 / 30) and report.upper < 0.05
+    assert "lies below the margin" in report.reasons[0]
+
+
+async def test_too_few_items_is_inconclusive_however_large_the_gain():
+    items = arithmetic(5)
+    before, after = await sides(items, set(), set(range(5)))
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "inconclusive" and report.gain == 1.0
+    assert "too few items; the gate needs at least 20" in report.reasons[0]
+
+
+async def test_one_flipped_answer_among_many_is_inconclusive_not_a_promotion():
+    # Two answers newly right, one newly wrong: mean +1/30; the interval straddles the margin.
+    items = arithmetic(30)
+    before, after = await sides(items, set(range(10)), set(range(12)) - {5})
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "inconclusive", report.reasons
+    assert report.gain == pytest.approx(1 / 30)
+    assert report.lower < 0.05 <= report.upper and "includes the margin" in report.reasons[0]
+
+
+async def test_open_chat_turning_degenerate_rejects_even_a_clear_gain():
+    items = arithmetic(30)
+    looping = ["go on " * 30] + FINE_CHAT[1:]
+    before, after = await sides(items, set(range(10)), set(range(28)), after_chat=looping)
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "reject" and "prompts [0] turned degenerate" in report.reasons[0]
+
+
+async def test_open_chat_judged_much_worse_rejects():
+    items = arithmetic(30)
+    worse = ["bad answer"] * len(OPEN_PROMPTS)
+    before, after = await sides(items, set(range(10)), set(range(28)), after_chat=worse)
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "reject" and "judged score fell from 0.50 to -1.00" in \
+        report.reasons[0]
+
+
+async def test_judged_eval_items_are_paired_on_the_zero_to_one_scale():
+    items = [Item(f"episode:{i}", f"request {i}", None) for i in range(3)]
+    judge = PlantedJudge()
+    side = await score_side(judge, items, ["good", "bad", "meh"], FINE_CHAT)
+    assert side.scores == {"episode:0": 1.0, "episode:1": 0.0, "episode:2": 0.75}
+
+
+def test_the_open_chat_check_has_at_least_twenty_distinct_prompts():
+    assert len(set(OPEN_PROMPTS)) >= 20
+
+
+def test_the_paired_bootstrap_is_seeded_and_exact_on_constant_differences():
+    assert paired_interval([0.5] * 10, SETTINGS) == (0.5, 0.5, 0.5)
+    diffs = [1, 0, 0, -1, 1, 1, 0, 0, 1, 0]
+    assert paired_interval(diffs, SETTINGS) == paired_interval(diffs, SETTINGS)
+    mean, lower, upper = paired_interval(diffs, SETTINGS)
+    assert mean == pytest.approx(0.3) and lower < 0.3 < upper
+
+
+def test_checks_score_exact_regex_and_leave_unknown_kinds_unscored():
+    assert score_check({"exact": "42"}, " 42\n") == 1.0
+    assert score_check({"exact": "42"}, "42.") == 0.0
+    assert score_check({"regex": r"\bget_weather\b"}, 'get_weather {"city": "Oslo"}') == 1.0
+    assert score_check({"contains": "Paris"}, "It is  paris.") == 1.0
+    assert score_check({"python": "check.py"}, "anything") is None
+
+
+def test_held_out_items_come_from_the_heldout_folder_and_the_jobs_inputs(tmp_path):
+    config = make_config(tmp_path)
+    folder = config.data_dir / "heldout"
+    folder.mkdir(parents=True)
+    (folder / "arith.jsonl").write_text(
+        '{"id": "a1", "prompt": "2+2?", "check": {"exact": "4"}}\n\n')
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"prompt": "hi", "check": {"regex": "h"}}\n')
+    items = heldout_items(config, {"heldout": [str(extra)]})
+    assert [(i.id, i.request, i.check) for i in items] == [
+        ("a1", "2+2?", {"exact": "4"}), ("extra:1", "hi", {"regex": "h"})]
+    (folder / "bad.jsonl").write_text('{"prompt": "no check"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: not a \{prompt, check\} item"):
+        read_items(folder / "bad.jsonl")
+
+
+def test_eval_items_are_the_first_request_of_held_out_episodes():
+    rows = [{"kind": "episode", "split": "eval", "episode_id": 4, "messages": [
+        {"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]},
+        {"kind": "episode", "split": "train", "messages": [{"role": "user", "content": "t"}]},
+        {"kind": "value_prediction", "split": "train", "messages": []}]
+    assert eval_items(rows, 10) == [Item("episode:4", "q1", None)]
+
+
+class FakeLlama:
+    """Answers as chatml-function-calling does: empty under ``auto`` unless it calls."""
+
+    def __init__(self, call: bool, overflow: bool = False) -> None:
+        self.call, self.overflow, self.requests = call, overflow, []
+
+    def create_chat_completion(self, **params):
+        self.requests.append(params)
+        if self.overflow:
+            raise ValueError("Requested tokens (8193) exceed context window of 8192")
+        if self.call:
+            message = {"content": None, "tool_calls": [{"function": {
+                "name": "get_time", "arguments": '{"zone": "UTC"}'}}]}
+        elif params.get("tool_choice") == "auto":
+            message = {"content": ""}
+        else:
+            message = {"content": "It is noon."}
+        return {"choices": [{"message": message}]}
+
+
+def test_the_gate_asks_like_the_agents_client():
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    requests = [AgentView("sys", tools).render("time?"), AgentView("sys", tools).render("hi")]
+    words = FakeLlama(call=False)
+    assert ask_like_agent(words, requests, tools, "chatml-function-calling", 64) == \
+        ["It is noon.", "It is noon."]
+    # Every "auto" request first (they share the tool-list prefix), then the retries.
+    assert [r["tool_choice"] for r in words.requests] == ["auto", "auto", "none", "none"]
+    assert words.requests[0]["tools"] == tools and words.requests[0]["temperature"] == 0
+    assert words.requests[2]["messages"] == requests[0]
+    calling = FakeLlama(call=True)
+    assert ask_like_agent(calling, requests[:1], tools, "chatml-function-calling", 64) == \
+        ['get_time {"zone": "UTC"}']
+    assert [r["tool_choice"] for r in calling.requests] == ["auto"]
+    # A call whose arguments never end overflows the context: an empty answer, no retry.
+    endless = FakeLlama(call=True, overflow=True)
+    assert ask_like_agent(endless, requests[:1], tools, "chatml-function-calling", 64) == [""]
+    assert len(endless.requests) == 1
+
+
+async def test_the_gate_renders_a_request_exactly_as_the_agent_sends_it(tmp_path):
+    config = make_config(tmp_path)
+    llm = ScriptedLLM([say("4")])
+    rt = await start_runtime(config, llm)
+    try:
+        await rt.turn("fresh-channel", "What is 2 + 2?")
+        sent_messages, sent = llm.calls[0]
+        view = await agent_view(config, rt.store, {"agent_view": str(write_agent_view(rt))})
+        assert view.render("What is 2 + 2?") == sent_messages
+        assert view.tools == sent["tools"] and len(view.tools) >= 30
+        # A night started from the command line has no view file: the config's system
+        # prompt and the tool list of the newest stored system step give the same.
+        fallback = await agent_view(config, rt.store, {})
+        assert fallback.render("What is 2 + 2?") == sent_messages
+        assert fallback.tools == sent["tools"]
+    finally:
+        await rt.close()
 
 
 def test_repetition_measures_looping_text():
@@ -39,11 +242,42 @@ def test_repetition_measures_looping_text():
     assert repetition("go go go go " * 20) > 0.9
 
 
-def test_eval_prompts_take_the_first_request_of_held_out_episodes():
-    rows = [{"kind": "episode", "split": "eval", "messages": [
-        {"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
-        {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]},
-        {"kind": "episode", "split": "train", "messages": [{"role": "user", "content": "t"}]},
-        {"kind": "value_prediction", "split": "train", "messages": []}]
-    assert eval_prompts(rows, 10) == [[{"role": "system", "content": "s"},
-                                       {"role": "user", "content": "q1"}]]
+# -- through the real model ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_real_model_answers_with_the_agents_tools_through_llama_cpp(served_gguf):
+    tools = [{"type": "function", "function": {
+        "name": "get_time", "description": "The current time in a time zone.",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                       "required": ["zone"]}}}]
+    view = AgentView("You are a helpful assistant.", tools)
+    [answer] = generate(served_gguf, ["What time is it in UTC?"], view,
+                        "chatml-function-calling", 48, 2048)
+    assert answer.strip()  # words, or a "get_time {...}" line
+
+
+@pytest.mark.slow
+async def test_the_same_model_before_and_after_is_rejected_through_the_real_path(
+        tmp_path, served_gguf):
+    judge = await JudgeServer(lambda kind, body: {"score": 1}).start()
+    try:
+        config = make_config(tmp_path)
+        config.server.kind, config.server.endpoint = "external", judge.url
+        config.night.gate_min_items = 4
+        view = config.data_dir / "view.json"
+        view.parent.mkdir(parents=True)
+        view.write_text(json.dumps({"system": "Answer with the number only.", "tools": []}))
+        heldout = tmp_path / "heldout.jsonl"
+        heldout.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + 1?",
+                                               "check": {"exact": str(i + 1)}}) + "\n"
+                                   for i in range(4)))
+        async with await Store.open(config.store_path) as store:
+            report = await run_gate(config, store, [], {"agent_view": str(view),
+                                                        "heldout": [str(heldout)]},
+                                    (served_gguf, None), (served_gguf, None))
+    finally:
+        await judge.stop()
+    # Greedy answers of one model are the same twice: no gain, so it cannot reach the margin.
+    assert report.n == 4 and report.gain == 0.0 and report.outcome == "reject"
+    assert len(judge.of("gate_score")) == 2 * len(OPEN_PROMPTS)

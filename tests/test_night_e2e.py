@@ -68,6 +68,7 @@ port = {free_port}
 [night]
 auto_promote = true
 gate_margin = -10.0
+gate_min_items = 1
 regression_margin = 10.0
 probes_file = "probes.jsonl"
 eval_percent = 0

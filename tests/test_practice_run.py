@@ -99,6 +99,9 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     # Twelve fresh channels, one episode each: no attempt saw another's history.
     assert len({e.channel_id for e in episodes.values()}) == len(episodes) == 12
     assert jobs[0]["state"] == "done" and jobs[0]["args"]["held_out"] == ["held-2"]
+    # The held-out task is published where the night's gate reads its items.
+    published = (config.data_dir / "heldout" / "drill.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in published] == ["held-2"]
     assert jobs[0]["progress"]["tasks_done"] == 4 and jobs[0]["progress"]["judged"] == 9
     assert len(lines) == 4 and re.match(r"practice #\d+: 4/4 tasks, mean reward 0\.67", lines[-1])
 

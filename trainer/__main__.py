@@ -67,25 +67,21 @@ def _export(config, args) -> int:
 
 
 def _eval(config, args) -> int:
-    from trainer.client import JsonClient
-    from trainer.gate import decide, eval_prompts, measure
+    from bot.storage.store import Store
+    from trainer.gate import run_gate
 
     rows = [json.loads(l) for l in Path(args.data).read_text().splitlines() if l.strip()]
-    probes = [json.loads(l) for l in Path(args.probes).read_text().splitlines() if l.strip()] \
-        if args.probes else []
+    inputs = {"heldout": list(args.heldout or []), "agent_view": args.agent_view}
 
     async def run() -> dict:
-        client = JsonClient.for_config(config)
+        store = await Store.open(config.store_path)
         try:
-            evals = eval_prompts(rows, config.night.eval_max)
-            n_ctx = config.model.context_tokens
-            before = await measure(client, Path(args.live or config.served_gguf), None, evals,
-                                   probes, 96, n_ctx)
-            after = await measure(client, Path(args.candidate), None, evals, probes, 96, n_ctx)
+            report = await run_gate(config, store, rows, inputs,
+                                    (Path(args.live or config.served_gguf), None),
+                                    (Path(args.candidate), None))
         finally:
-            await client.close()
-        return decide(before, after, config.night.gate_margin,
-                      config.night.regression_margin).as_dict()
+            await store.close()
+        return report.as_dict()
 
     report = asyncio.run(run())
     print(json.dumps(report, indent=1))
@@ -114,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--candidate", required=True)
     evaluate.add_argument("--live")
     evaluate.add_argument("--data", required=True, help="a night's JSONL (its eval split)")
-    evaluate.add_argument("--probes", help="JSONL of {prompt, expected}")
+    evaluate.add_argument("--heldout", action="append",
+                          help="JSONL of {id, prompt, check} held-out items (repeatable)")
+    evaluate.add_argument("--agent-view", help="JSON {system, tools} the agent renders with")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)

@@ -25,6 +25,7 @@ from trainer.rewards import VERIFIER_EVENT, VerifierReward, person_reward, verif
 from trainer.secrets import SecretScanner
 
 EXCLUDED_STATUS = {"open": "incomplete", "errored": "errored"}
+ANY_RELEASE = object()  # collect's default: episodes served by any release
 
 
 @dataclass
@@ -56,6 +57,8 @@ def episode_text(episode: Episode) -> str:
 def exclusion(episode: Episode, scanner: SecretScanner,
               verified: VerifierReward | None = None) -> str | None:
     """Why an episode may not be trained on, or None."""
+    if episode.forgotten_at is not None:  # /forget: its text is erased already
+        return "forgotten"
     if episode.status in EXCLUDED_STATUS:
         return EXCLUDED_STATUS[episode.status]
     if verified is not None and verified.reward is None and person_reward(episode.labels) is None:
@@ -75,8 +78,13 @@ async def last_night_end(store: Store) -> float:
 
 
 async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
-                  since: float | None = None, until: float | None = None) -> Collection:
-    """Eligible episodes since ``since`` (default: the end of the last night)."""
+                  since: float | None = None, until: float | None = None,
+                  release: object = ANY_RELEASE) -> Collection:
+    """Eligible episodes since ``since`` (default: the end of the last night).
+
+    ``release``: the release id whose episodes to keep (None: the base model). π_lag is
+    the model a night trains from, so an episode another release served is off-policy:
+    it is excluded as ``other-release`` (counted, and kept in the store)."""
     since = await last_night_end(store) if since is None else since
     until = time.time() if until is None else until
     episodes = [e for e in await store.episodes_since(since) if e.started_at <= until]
@@ -85,6 +93,8 @@ async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
     kept, excluded = [], Counter()
     for episode in episodes:
         reason = exclusion(episode, scanner, verified.get(episode.id))
+        if reason is None and release is not ANY_RELEASE and episode.release_id != release:
+            reason = "other-release"
         if reason:
             excluded[reason] += 1
         else:

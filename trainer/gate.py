@@ -1,62 +1,103 @@
-"""The evaluation gate: is the candidate better than the live model, and no worse?
+"""The gate: is the candidate better than the model it would replace, per item, with
+confidence, and no worse at open chat?
 
 Both models answer greedily (temperature 0), in this process, through llama.cpp
-(``llama_cpp.Llama``) on the same GGUF kind that is served, one model at a time:
+(``llama_cpp.Llama``) on the same GGUF kind that is served, one model at a
+time. What they answer and how it is scored: ``trainer.gate_items`` (held-out
+practice items by their checks, the eval split by the judge, each rendered
+with the agent's own system prompt and tools).
 
-- the held-out eval split (the first request of each eval episode), each
-  answer scored -2..2 by the same judge as the night (the served model);
-- verifiable probes (``night.probes_file``), by exact match (the expected text
-  appears in the answer);
-- a fixed set of open chat prompts, as a regression check: an answer that
-  turns degenerate (repeats itself) where the live one did not, or a judged
-  score that falls by more than ``night.regression_margin``, is a regression.
-  Narrow training can hurt general chat.
+**Paired comparison.** Each item scored on both sides gives a difference
+d = after − before in [−1, 1]. The gain is the mean of d, and its uncertainty
+a paired bootstrap: ``bootstrap`` resamples of the items (seeded, so a night's
+decision is reproducible) give an interval of the mean at ``confidence``
+(two-sided; its lower end is a one-sided bound at (1 + confidence) / 2).
 
-The candidate passes when (eval gain + probe gain) >= ``night.gate_margin``
-and there is no regression. With no held-out prompt and no probe there is no
-evidence, and the candidate does not pass.
+**Decision**, with its reasons:
+
+- *reject*: open chat regressed (an answer turned degenerate, i.e. repeats
+  itself where the old one did not, or the judged open-chat score fell by more
+  than ``regression_margin``), or the whole interval lies below the margin;
+- *inconclusive*: fewer than ``min_items`` items were scored on both sides, or
+  the interval straddles the margin;
+- *promote*: the interval's lower end is at least the margin, and no regression.
+
+Only *promote* passes. A rejected or inconclusive night keeps its data for the
+next night (``bot.storage.ledger``'s ``next_night_since``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Awaitable, Callable
 
-from bot.serving.wire import neutral_messages
+from bot.config import Config
+from bot.storage.store import Store
 from trainer.client import JsonClient
+from trainer.gate_items import (
+    OPEN_PROMPTS,
+    AgentView,
+    Item,
+    agent_view,
+    ask_like_agent,
+    eval_items,
+    heldout_items,
+    score_check,
+)
 
-OPEN_PROMPTS = [
-    "Say hello to the channel in one sentence.",
-    "What is 7 times 8?",
-    "Give me three short tips for writing clear emails.",
-    "What is a to-do list for? Answer in one sentence.",
-    "Name one colour of the sky at sunset.",
-]
 SCORE_SYSTEM = ("You grade an AI assistant's answer to a request: 2 = excellent, 1 = good, "
                 "0 = unclear, -1 = poor, -2 = wrong or harmful. Answer only with JSON.")
 SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1, 2]}},
                 "required": ["score"]}
+# Answers are cut here (the agent's own limit, if lower, applies): enough for a check on an
+# answer's start and for repetition to show, and it bounds the gate's time on a CPU.
+GATE_MAX_TOKENS = 128
+GATE_CONTEXT = 4096
+Scorer = Callable[[dict, str], "float | None"]  # (check, answer) -> [0, 1], or None: unscored
+
+
+@dataclass
+class GateSettings:
+    margin: float = 0.05  # the gain (in score units of [0, 1] per item) that must be shown
+    regression_margin: float = 0.5
+    min_items: int = 20
+    confidence: float = 0.9
+    bootstrap: int = 2000
+    seed: int = 0
 
 
 @dataclass
 class Side:
-    eval_score: float | None = None  # mean judged score in [-1, 1]
-    probe_accuracy: float | None = None
-    open_score: float | None = None
-    degenerate: list[bool] = field(default_factory=list)
+    """One model's answers: item id -> score in [0, 1] (None: unscored), and open chat."""
+
+    scores: dict[str, float | None] = field(default_factory=dict)
+    open_score: float | None = None  # mean judged open-chat score in [-1, 1]
+    degenerate: list[bool] = field(default_factory=list)  # per open prompt
+    answers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class GateReport:
-    before: Side
-    after: Side
-    gain: float
-    passed: bool
+    outcome: str  # "promote" | "reject" | "inconclusive"
     reasons: list[str]
+    n: int  # items scored on both sides
+    gain: float | None  # mean paired difference
+    lower: float | None
+    upper: float | None
+    items: dict[str, list]  # id -> [before, after]
+    open_before: float | None = None
+    open_after: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "promote"
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "passed": self.passed}
 
 
 def repetition(text: str, n: int = 4) -> float:
@@ -66,88 +107,150 @@ def repetition(text: str, n: int = 4) -> float:
     return 0.0 if len(grams) < 4 else 1 - len(set(grams)) / len(grams)
 
 
-def generate(gguf: Path, prompts: list[list[dict]], max_tokens: int, n_ctx: int,
-             lora: Path | None = None) -> list[str]:
-    """Greedy answers of one model, loaded for this call only."""
+def paired_interval(diffs: list[float], settings: GateSettings) -> tuple[float, float, float]:
+    """(mean, lower, upper) of the mean difference by a seeded paired bootstrap."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    rng = random.Random(settings.seed)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n
+                   for _ in range(settings.bootstrap))
+    tail = (1 - settings.confidence) / 2
+    lower = means[int(tail * (len(means) - 1))]
+    upper = means[int((1 - tail) * (len(means) - 1))]
+    return mean, lower, upper
+
+
+def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
+    pairs = {k: [before.scores[k], after.scores.get(k)] for k in before.scores
+             if before.scores[k] is not None and after.scores.get(k) is not None}
+    diffs = [a - b for b, a in pairs.values()]
+    report = GateReport("inconclusive", [], len(pairs), None, None, None, pairs,
+                        before.open_score, after.open_score)
+    regressions = _regressions(before, after, settings)
+    if diffs:
+        report.gain, report.lower, report.upper = paired_interval(diffs, settings)
+    interval = (f"gain {report.gain:+.3f}, {settings.confidence:.0%} interval "
+                f"[{report.lower:+.3f}, {report.upper:+.3f}] on {len(diffs)} items"
+                if diffs else "no item was scored before and after")
+    if regressions:
+        report.outcome, report.reasons = "reject", regressions
+    elif len(diffs) < settings.min_items:
+        report.reasons = [f"{interval}: too few items; the gate needs at least "
+                          f"{settings.min_items} held-out items (practice held-out items "
+                          f"and eval-split episodes)"]
+    elif report.lower >= settings.margin:
+        report.outcome = "promote"
+        report.reasons = [f"{interval}: its lower end reaches the margin {settings.margin:+.3f}"]
+    elif report.upper < settings.margin:
+        report.outcome = "reject"
+        report.reasons = [f"{interval}: it lies below the margin {settings.margin:+.3f}"]
+    else:
+        report.reasons = [f"{interval}: it includes the margin {settings.margin:+.3f}; more "
+                          "held-out items would decide"]
+    return report
+
+
+def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]:
+    reasons = []
+    newly = [i for i, (b, a) in enumerate(zip(before.degenerate, after.degenerate)) if a and not b]
+    if newly:
+        reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition)")
+    if before.open_score is not None and after.open_score is not None \
+            and after.open_score < before.open_score - settings.regression_margin:
+        reasons.append(f"open chat regressed: its judged score fell from "
+                       f"{before.open_score:.2f} to {after.open_score:.2f}")
+    return reasons
+
+
+def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
+             max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[str]:
+    """Greedy answers of one model, loaded for this call only, asked as the agent asks."""
     from llama_cpp import Llama
 
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
-                chat_format="chatml", verbose=False, seed=0)
+                chat_format=chat_format, verbose=False, seed=0)
     try:
-        return [llm.create_chat_completion(messages=neutral_messages(p), temperature=0,
-                                         max_tokens=max_tokens)
-                ["choices"][0]["message"]["content"] or "" for p in prompts]
+        return ask_like_agent(llm, [view.render(r) for r in requests], view.tools, chat_format,
+                              max_tokens)
     finally:
         del llm
         gc.collect()
 
 
-async def judged_scores(client: JsonClient, prompts: list[list[dict]], answers: list[str]
-                        ) -> list[float]:
-    scores = []
-    for prompt, answer in zip(prompts, answers):
-        request = prompt[-1]["content"]
+async def judged_scores(client: JsonClient, requests: list[str], answers: list[str]
+                        ) -> list[float | None]:
+    """The judge's score of each answer in [-1, 1]; None where it gave none."""
+    scores: list[float | None] = []
+    for request, answer in zip(requests, answers):
         found, _ = await client.ask(
             [{"role": "system", "content": SCORE_SYSTEM},
              {"role": "user", "content": f"Request: {request}\n\nAnswer: {answer}"}],
             SCORE_SCHEMA, 16, "gate_score")
-        if isinstance(found, dict) and found.get("score") in (-2, -1, 0, 1, 2):
-            scores.append(found["score"] / 2)
+        ok = isinstance(found, dict) and found.get("score") in (-2, -1, 0, 1, 2)
+        scores.append(found["score"] / 2 if ok else None)
     return scores
 
 
-def eval_prompts(rows: list[dict], limit: int) -> list[list[dict]]:
-    """System prompt + first user message of each held-out episode."""
-    prompts = []
-    for row in rows:
-        if row.get("kind") != "episode" or row.get("split") != "eval":
-            continue
-        system = [m for m in row["messages"][:1] if m["role"] == "system"]
-        user = next((m for m in row["messages"] if m["role"] == "user"), None)
-        if user and isinstance(user.get("content"), str):
-            prompts.append([*system, {"role": "user", "content": user["content"]}])
-    return prompts[:limit]
-
-
-async def measure(client: JsonClient, gguf: Path, lora: Path | None, evals: list[list[dict]],
-                  probes: list[dict], max_tokens: int, n_ctx: int) -> Side:
-    opens = [[{"role": "user", "content": p}] for p in OPEN_PROMPTS]
-    probe_prompts = [[{"role": "user", "content": p["prompt"]}] for p in probes]
-    answers = generate(gguf, evals + probe_prompts + opens, max_tokens, n_ctx, lora)
-    eval_answers = answers[:len(evals)]
-    probe_answers = answers[len(evals):len(evals) + len(probes)]
-    open_answers = answers[len(evals) + len(probes):]
-    side = Side(degenerate=[repetition(a) > 0.5 for a in open_answers])
-    if evals:
-        scores = await judged_scores(client, evals, eval_answers)
-        side.eval_score = sum(scores) / len(scores) if scores else None
-    if probes:
-        hits = [_normal(p["expected"]) in _normal(a) for p, a in zip(probes, probe_answers)]
-        side.probe_accuracy = sum(hits) / len(hits)
-    opened = await judged_scores(client, opens, open_answers)
+async def score_side(client: JsonClient, items: list[Item], answers: list[str],
+                     open_answers: list[str], scorer: Scorer = score_check) -> Side:
+    """Score one model's answers: checks by ``scorer``, the rest and open chat by the judge."""
+    side = Side(answers={i.id: a for i, a in zip(items, answers)},
+                degenerate=[repetition(a) > 0.5 for a in open_answers])
+    judged = [(i, a) for i, a in zip(items, answers) if i.check is None]
+    scores = await judged_scores(client, [i.request for i, _ in judged], [a for _, a in judged])
+    side.scores.update({i.id: None if s is None else (s + 1) / 2
+                        for (i, _), s in zip(judged, scores)})
+    side.scores.update({i.id: scorer(i.check, a) for i, a in zip(items, answers)
+                        if i.check is not None})
+    opened = [s for s in await judged_scores(client, OPEN_PROMPTS, open_answers) if s is not None]
     side.open_score = sum(opened) / len(opened) if opened else None
     return side
 
 
-def decide(before: Side, after: Side, margin: float, regression_margin: float) -> GateReport:
-    gains, reasons = [], []
-    if before.eval_score is not None and after.eval_score is not None:
-        gains.append(after.eval_score - before.eval_score)
-    if before.probe_accuracy is not None and after.probe_accuracy is not None:
-        gains.append(after.probe_accuracy - before.probe_accuracy)
-    gain = sum(gains)
-    if not gains:
-        reasons.append("no held-out prompt or probe to evaluate on")
-    elif gain < margin:
-        reasons.append(f"gain {gain:+.3f} is below the margin {margin:+.3f}")
-    newly = [i for i, (b, a) in enumerate(zip(before.degenerate, after.degenerate)) if a and not b]
-    if newly:
-        reasons.append(f"open prompts {newly} turned degenerate (repetition)")
-    if before.open_score is not None and after.open_score is not None \
-            and after.open_score < before.open_score - regression_margin:
-        reasons.append(f"open chat score fell from {before.open_score:.2f} to {after.open_score:.2f}")
-    return GateReport(before, after, gain, not reasons, reasons)
+async def measure(client: JsonClient, gguf: Path, lora: Path | None, items: list[Item],
+                  view: AgentView, chat_format: str, max_tokens: int, n_ctx: int,
+                  scorer: Scorer = score_check) -> Side:
+    answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
+                                      view, chat_format, max_tokens, n_ctx, lora)
+    return await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
 
 
-def _normal(text: str) -> str:
-    return " ".join(text.lower().split())
+def settings_of(config: Config) -> GateSettings:
+    night = config.night
+    return GateSettings(margin=night.gate_margin, regression_margin=night.regression_margin,
+                        min_items=night.gate_min_items, confidence=night.gate_confidence,
+                        seed=night.seed)
+
+
+async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
+                   before: tuple[Path, Path | None], after: tuple[Path, Path | None],
+                   check: Callable[[], Awaitable[None]] | None = None,
+                   scorer: Scorer = score_check) -> GateReport:
+    """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide.
+
+    ``args`` are the night job's inputs (``agent_view``, ``heldout``); ``rows`` its
+    dataset (for the eval split); ``check`` runs between the two sides (cancellation)."""
+    items = heldout_items(config, args) + eval_items(rows, config.night.eval_max)
+    view = await agent_view(config, store, args)
+    # The context is bounded because of llama-cpp-python's endless tool arguments (see
+    # gate_items.ask_like_agent): each one fills the context before it fails, and 4,096
+    # tokens still hold the agent's prompt with the full tool list (about 3,300) and an
+    # answer. A longer request fails alike on both sides, as an empty answer.
+    chat_format = config.model.chat_format
+    n_ctx = min(config.model.context_tokens, GATE_CONTEXT)
+    max_tokens = min(config.agent.max_reply_tokens, GATE_MAX_TOKENS)
+    client = JsonClient.for_config(config)
+    try:
+        old = await measure(client, *before, items, view, chat_format, max_tokens, n_ctx, scorer)
+        if check is not None:
+            await check()
+        new = await measure(client, *after, items, view, chat_format, max_tokens, n_ctx, scorer)
+    finally:
+        await client.close()
+    report = decide(old, new, settings_of(config))
+    unscored = sum(1 for i in items if old.scores.get(i.id) is None
+                   or new.scores.get(i.id) is None)
+    if unscored:
+        report.reasons.append(f"{unscored} of {len(items)} items could not be scored on both "
+                              "sides and were left out")
+    return report

@@ -33,7 +33,7 @@ from bot.config import Config
 from bot.storage.store import Store
 from trainer.advantages import centre, episode_row, message_advantages, value_row
 from trainer.client import JsonClient
-from trainer.collect import Collection, collect, write_manifest
+from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
 from trainer.rewards import agreement, episode_subtask, overridden, person_reward, task_advantages
 from trainer.secrets import SecretScanner
@@ -60,11 +60,12 @@ def night_dir(config: Config, night_id: int) -> Path:
 
 async def run_part1(config: Config, store: Store, night_id: int, client: JsonClient,
                     memory: ValueMemory, since: float | None, until: float,
-                    progress: Progress = lambda s, d: None) -> NightResult:
+                    progress: Progress = lambda s, d: None,
+                    release: object = ANY_RELEASE) -> NightResult:
     settings, counts, timings = config.night, Counter(), {}
     clock = time.perf_counter()
     scanner = SecretScanner(config.secret_values())
-    collection = await collect(store, scanner, settings.eval_percent, since, until)
+    collection = await collect(store, scanner, settings.eval_percent, since, until, release)
     days = channel_days(collection.episodes)
     counts.update({f"excluded:{k}": v for k, v in collection.excluded.items()})
     counts["episodes"] = len(collection.episodes)

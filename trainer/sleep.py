@@ -35,7 +35,7 @@ from bot.storage.store import Store
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
-from trainer.gate import decide, eval_prompts, measure
+from trainer.gate import run_gate
 from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
@@ -53,6 +53,7 @@ class Night:
         self.progress: dict = {}
         self.part1: NightResult | None = None
         self._memory: ValueMemory | None = None
+        self.args: dict = {}  # the job's inputs (since, agent_view, heldout)
 
     async def set(self, state: str | None = None, **progress) -> None:
         self.progress.update(progress, updated=time.time())
@@ -79,7 +80,8 @@ class Night:
         try:
             result = await run_part1(self.config, self.store, self.job_id, client, self.memory(),
                                      self.progress.get("since"), until,
-                                     progress=lambda stage, info: None)
+                                     progress=lambda stage, info: None,
+                                     release=self.progress.get("base_release"))
         finally:
             await client.close()
         self.part1 = result
@@ -142,41 +144,29 @@ class Night:
         await asyncio.to_thread(verify_release, release, base_dir)
         return release
 
-    async def gate(self, dataset: Path, live_gguf: Path, release: Path) -> dict:
+    async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path,
+                   args: dict) -> dict:
+        """The paired gate (trainer.gate); its outcome and reasons go into the progress."""
         if "gate" in self.progress:
             return self.progress["gate"]
         await self.set("gating")
-        night = self.config.night
         rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
-        evals = eval_prompts(rows, night.eval_max)
-        probes = _probes(night.probes_file)
-        gguf, lora = serve_paths(release)
-        client = JsonClient.for_config(self.config)
-        try:
-            n_ctx = self.config.model.context_tokens
-            before = await measure(client, live_gguf, None, evals, probes, 96, n_ctx)
-            await self.check()
-            after = await measure(client, gguf, lora, evals, probes, 96, n_ctx)
-        finally:
-            await client.close()
-        report = decide(before, after, night.gate_margin, night.regression_margin).as_dict()
-        await self.set(gate=report)
-        return report
+        report = await run_gate(self.config, self.store, rows, args, live,
+                                serve_paths(release), check=self.check)
+        await self.set(gate=report.as_dict())
+        return self.progress["gate"]
 
 
-def _probes(path: Path | None) -> list[dict]:
-    if path is None:
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-async def live_model(config: Config, store: Store) -> tuple[Path, Path]:
-    """(GGUF served now, HF checkpoint it came from): the live release, else the base."""
+async def live_model(config: Config, store: Store) -> tuple[Path, Path | None, Path, int | None]:
+    """What serves now, the night's base: (GGUF, LoRA GGUF or None, the HF checkpoint it
+    came from, its release id or None for the base model). The bot serves what is live."""
     for release in await store.releases():
         if release["state"] == "live":
             meta = release["meta"]
-            return Path(meta["gguf"]), Path(meta.get("merged_dir") or config.base_hf_dir)
-    return config.served_gguf, config.base_hf_dir
+            lora = Path(meta["lora"]) if meta.get("lora") else None
+            return (Path(meta["gguf"]), lora,
+                    Path(meta.get("merged_dir") or config.base_hf_dir), release["id"])
+    return config.served_gguf, None, config.base_hf_dir, None
 
 
 async def run_night(config: Config, job_id: int | None = None, since: float | None = None) -> int:
@@ -190,8 +180,12 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
         if job is None:
             raise ValueError(f"no job {job_id}")
         night = Night(config, store, job_id)
+        night.args = job["args"]
         night.progress = dict(job["progress"])
-        night.progress.setdefault("since", job["args"].get("since", since))
+        since = job["args"].get("since", since)
+        # Where the last promoted night's collection ended: unpromoted nights' data is kept.
+        night.progress.setdefault("since", await store.next_night_since()
+                                  if since is None else since)
         await store.update_job(job_id, state="running", pid=os.getpid(), error="")
         try:
             await _stages(night, config, store)
@@ -207,7 +201,8 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
 
 async def _stages(night: Night, config: Config, store: Store) -> None:
     await night.check()
-    live_gguf, base_dir = await live_model(config, store)
+    live_gguf, live_lora, base_dir, base_release = await live_model(config, store)
+    night.progress.setdefault("base_release", base_release)
     dataset = await night.judge()
     await night.check()
     trained = await night.train(dataset, base_dir)
@@ -215,15 +210,29 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     await night.check()
     release = await night.export(base_dir, trained["steps"])
     await night.check()
-    report = await night.gate(dataset, live_gguf, release)
+    report = await night.gate(dataset, (live_gguf, live_lora), release, night.args)
     gguf, lora = serve_paths(release)
     meta = {"gguf": str(gguf), "lora": str(lora) if lora else None, "night": night.job_id,
             "merged_dir": str(release / "merged") if (release / "merged").is_dir() else None,
-            "gate": report}
+            "base_release_id": night.progress["base_release"], "gate": report}
     existing = [r for r in await store.releases() if r["name"] == release.name]
     release_id = existing[0]["id"] if existing else await store.add_release(
         release.name, str(release), meta)
-    if report["passed"]:
-        await night.set("awaiting_promotion", release_id=release_id)
-    else:
-        await night.set("done", release_id=release_id, note="the candidate did not pass the gate")
+    await finish(night, store, report, release_id)
+
+
+async def finish(night: Night, store: Store, report: dict, release_id: int) -> None:
+    """End the job by the gate's outcome. A rejected release is marked so; an
+    inconclusive one stays a candidate that an admin may still promote by hand. Either
+    way the night ends ``done`` without consuming its data (``next_night_since``)."""
+    outcome = report.get("outcome", "promote" if report.get("passed") else "reject")
+    reason = "; ".join(report.get("reasons", []))
+    if outcome == "promote":
+        await night.set("awaiting_promotion", release_id=release_id, outcome=outcome,
+                        note=f"the candidate passed the gate: {reason}")
+        return
+    if outcome == "reject":
+        await store.set_release_state(release_id, "rejected")
+    await night.set("done", release_id=release_id, outcome=outcome,
+                    note=f"gate {outcome}: {reason}; this night's episodes stay for the next "
+                         "night")

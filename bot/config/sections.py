@@ -288,7 +288,13 @@ class NightConfig(_Section):
         False, description="true to serve a candidate that passes the gate at once"
     )
     gate_margin: float = Field(
-        0.05, description="how much better a candidate must score on held-out data"
+        0.05, description="how much better, per held-out item (0..1), a candidate must score"
+    )
+    gate_min_items: int = Field(
+        20, ge=1, description="held-out items the gate needs to decide (>= 1)"
+    )
+    gate_confidence: float = Field(
+        0.9, gt=0, lt=1, description="the paired bootstrap interval's confidence (0..1)"
     )
     regression_margin: float = Field(
         0.5, ge=0, description="how much worse open chat may score before it is a regression"

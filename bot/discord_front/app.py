@@ -10,9 +10,12 @@ the files the agent sent. A full queue answers with the Busy message, and a
 failed turn with a short apology; neither ends the handler.
 
 A ✅ or ❌ reaction on a bot reply labels that reply's episode accepted or
-rejected. Each sent reply is recorded in the store as a ``discord_reply``
-event, so reactions on replies from before a restart still find their
-episode; raw reaction events make uncached messages work too.
+rejected, and a 🗑 has it forgotten, when it comes from the episode's author
+or an admin (``bot.labelling``); removing a ✅ or ❌ takes that label back.
+Each sent reply is recorded in the store as a ``discord_reply`` event with
+the author's user id, so reactions on replies from before a restart still
+find their episode and its author; raw reaction events make uncached
+messages work too.
 
 One client process sends for every channel, so discord.py's own 429
 handling covers all of them.
@@ -28,7 +31,9 @@ from typing import TYPE_CHECKING
 import discord
 from discord.ext import commands
 
+from bot import labelling
 from bot.channels import Busy
+from bot.commands import is_admin
 from bot.discord_front.access import (
     Origin,
     channel_ids,
@@ -58,8 +63,8 @@ if TYPE_CHECKING:
 __all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 
 logger = logging.getLogger("nightshift.discord")
-REACTION_LABELS = {"\N{WHITE HEAVY CHECK MARK}": "accepted", "\N{CROSS MARK}": "rejected"}
-REPLY_EVENT = "discord_reply"
+REACTION_LABELS = labelling.REACTION_LABELS
+REPLY_EVENT = labelling.REPLY_EVENT
 ASLEEP = ("I'm asleep: tonight's training has the GPU. Your message is queued, and I'll "
           "answer when I wake.")
 TURN_FAILED = ("Sorry, something went wrong while answering that; the error is logged. "
@@ -105,10 +110,11 @@ class ReplyIndex:
         self._episodes: dict[int, int] = {}
         self._loaded = False
 
-    async def record(self, channel: str, episode_id: int, message_ids: list[int]) -> None:
+    async def record(self, channel: str, episode_id: int, message_ids: list[int],
+                     author_id: int | None = None) -> None:
         for message_id in message_ids:
             await self._store.add_event(channel, episode_id, REPLY_EVENT,
-                                        {"message_id": message_id})
+                                        {"message_id": message_id, "author_id": author_id})
             self._episodes[message_id] = episode_id
 
     async def episode_of(self, message_id: int) -> int | None:
@@ -217,7 +223,8 @@ class NightshiftBot(commands.Bot):
         finally:
             for file in files:
                 file.close()
-        await self.replies.record(key, outcome.episode_id, [m.id for m in sent])
+        await self.replies.record(key, outcome.episode_id, [m.id for m in sent],
+                                  message.author.id)
 
     async def _turn(self, key: str, message: discord.Message, text: str) -> TurnResult | str:
         """Save the attachments and run the turn; or the text to answer instead (busy, failed)."""
@@ -237,8 +244,17 @@ class NightshiftBot(commands.Bot):
     # -- reactions -------------------------------------------------------------------
 
     async def on_raw_reaction_add(self, payload: discord.RawReactionActionEvent) -> None:
-        value = REACTION_LABELS.get(str(payload.emoji))
-        if value is None or self.user is None or payload.user_id == self.user.id:
+        await self._reaction(payload, added=True)
+
+    async def on_raw_reaction_remove(self, payload: discord.RawReactionActionEvent) -> None:
+        await self._reaction(payload, added=False)
+
+    async def _reaction(self, payload: discord.RawReactionActionEvent, added: bool) -> None:
+        """A label (✅ ❌, added or taken back) or a forget (🗑) on one of our replies."""
+        emoji = str(payload.emoji)
+        if emoji not in REACTION_LABELS and emoji != labelling.FORGET_REACTION:
+            return
+        if self.user is None or payload.user_id == self.user.id:
             return
         if payload.member is not None and payload.member.bot:
             return
@@ -251,13 +267,20 @@ class NightshiftBot(commands.Bot):
         episode = await self.replies.episode_of(payload.message_id)
         if episode is None:  # not one of our replies
             return
+        # A removal carries no member (so no roles): taking back one's own label needs none.
+        admin = is_admin(self.rt.config, payload.user_id, origin.role_ids)
         try:
-            await self.rt.store.add_label(episode, value, "reaction")
+            if emoji == labelling.FORGET_REACTION:
+                what = (await labelling.forget(self.rt.store, episode, payload.user_id, admin)
+                        if added else None)
+            else:
+                what = await labelling.label_reaction(self.rt.store, episode, emoji,
+                                                      payload.user_id, admin, added)
         except ValueError as exc:
-            logger.warning("reaction label on episode %s not stored: %s", episode, exc)
+            logger.warning("reaction on episode %s not applied: %s", episode, exc)
             return
-        logger.info("episode %s labelled %s by a reaction of %s", episode, value,
-                    payload.user_id)
+        if what:
+            logger.info("reaction: %s", what)
 
     def _reaction_origin(self, payload: discord.RawReactionActionEvent) -> Origin:
         member = payload.member

@@ -33,7 +33,7 @@ from bot.commands import (
     Caller,
     Command,
     FilePath,
-    may_run,
+    permitted,
     run_command,
 )
 from bot.discord_front.access import caller_of, role_ids
@@ -55,8 +55,8 @@ async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
     # Keyed by id: the interaction's channel object may be a partial one.
     key = str(interaction.channel_id) if interaction.guild_id else f"dm-{user.id}"
     caller = Caller(user.id, role_ids(user), key, f"{user} ({user.id})")
-    if not may_run(rt.config, caller):
-        await answer_interaction(interaction, REFUSAL, ephemeral=True)
+    if not await permitted(rt, caller, name, **options):
+        await answer_interaction(interaction, COMMANDS[name].refusal, ephemeral=True)
         return
     await interaction.response.defer(thinking=True)
     command = COMMANDS[name]
@@ -127,7 +127,7 @@ def add_admin_commands(bot: commands.Bot, rt: Runtime) -> None:
 
 
 def _describe(command: Command) -> str:
-    return f"{command.help[:1].upper()}{command.help[1:]} (admins)"[:100]
+    return f"{command.help[:1].upper()}{command.help[1:]} ({command.who})"[:100]
 
 
 def _callback(rt: Runtime, command: Command):

@@ -110,8 +110,8 @@ def night_line(job: dict) -> str:
         parts.append(f"{counts.get('windows_judged', 0)} windows judged, "
                      f"{counts.get('subtasks', 0)} sub-tasks")
     if gate := progress.get("gate"):
-        parts.append("gate passed" if gate.get("passed") else
-                     "gate not passed: " + "; ".join(gate.get("reasons", [])))
+        outcome = gate.get("outcome") or ("promote" if gate.get("passed") else "reject")
+        parts.append(f"gate: {outcome} ({'; '.join(gate.get('reasons', []))})")
     if job.get("error"):
         parts.append(job["error"].splitlines()[0][:300])
     return " · ".join(parts)

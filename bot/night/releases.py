@@ -4,7 +4,12 @@ A release is a row in the store (candidate, live or retired) and a folder with
 ``release.json``, which lists the SHA-256 of every file. Promote and rollback
 are the same act: check the folder, swap the model in through the supervisor,
 then mark the rows. A corrupt release or a model that fails its canary never
-goes live, and the old model keeps serving.
+goes live, and the old model keeps serving. A candidate that a newer release
+was trained on top of (its ``base_release_id``) is refused, with the newer one
+named: serving it would silently drop the newer one's training.
+
+What serves is what is live: ``serve_live`` points the supervisor at the live
+release before the server first starts, so a restarted bot serves it too.
 
 ``Releases`` takes only the services it acts on (config, store, supervisor),
 so the admin commands and the night watch share it without knowing the
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +34,9 @@ if TYPE_CHECKING:
 # what served before it: the chain that rollback walks back.
 LIVE_EVENT = "release_live"
 LIVE_EVENT_CHANNEL = "releases"
+
+logger = logging.getLogger("nightshift.releases")
+
 
 def release_problem(release: dict) -> str | None:
     """Why a release may not be served (missing or changed files), or None."""
@@ -47,6 +56,18 @@ def release_problem(release: dict) -> str | None:
         if digest.hexdigest() != expected:
             return f"{file} does not match its SHA-256 in release.json"
     return None
+
+
+def built_on(releases: list[dict], release_id: int) -> list[dict]:
+    """The releases trained on top of ``release_id``, directly or through others (each
+    release's meta names its base as ``base_release_id``); rejected ones do not count."""
+    found, frontier = [], {release_id}
+    for release in sorted(releases, key=lambda r: r["id"]):
+        if release["meta"].get("base_release_id") in frontier:
+            frontier.add(release["id"])
+            if release["state"] != "rejected":
+                found.append(release)
+    return found
 
 
 class Releases:
@@ -69,6 +90,13 @@ class Releases:
         if not candidates:
             return ("No candidate release to promote." if release_id is None
                     else f"Release #{release_id} is not a candidate.")
+        newer = built_on(releases, candidates[-1]["id"])
+        if newer:
+            names = ", ".join(f"#{r['id']}" for r in newer)
+            return (f"Release #{candidates[-1]['id']} refused: release(s) {names} were trained "
+                    f"on top of it and include its training, so serving #{candidates[-1]['id']} "
+                    f"now would drop theirs. Promote {names.split(', ')[-1]} instead. "
+                    "Nothing changed.")
         live = [r["id"] for r in releases if r["state"] == "live"]
         return await self._serve(candidates[-1], "promote", live[0] if live else None)
 
@@ -142,3 +170,23 @@ class Releases:
             if job["progress"].get("release_id") == release["id"]:
                 await self.store.update_job(job["id"], state="live")
         return f"Now serving release #{release['id']} ({release['name']})."
+
+
+async def serve_live(store: Store, supervisor: ServerSupervisor) -> str | None:
+    """Point a not yet started supervisor at the live release; what it serves, or None
+    for the base model. A live release whose files fail their check is retired (with a
+    warning) and the base model serves: a corrupt release never serves."""
+    live = [r for r in await store.releases() if r["state"] == "live"]
+    if not live:
+        return None
+    release = live[0]
+    problem = await asyncio.to_thread(release_problem, release)
+    if problem:
+        logger.warning("live release #%s cannot serve (%s); retired, serving the base model",
+                       release["id"], problem)
+        await store.set_release_state(release["id"], "retired")
+        return None
+    meta = release["meta"]
+    supervisor.gguf = Path(meta.get("gguf") or release["path"])
+    supervisor.lora = Path(meta["lora"]) if meta.get("lora") else None
+    return f"release #{release['id']} ({release['name']})"

@@ -6,8 +6,8 @@ row in the store:
 - a job whose trainer process died without finishing is marked failed
   (``python -m trainer sleep --job N`` resumes it);
 - a candidate awaiting promotion is promoted (swapped in) when
-  ``night.auto_promote`` is on, tried once (a failed try waits for
-  ``/promote``); otherwise it waits for ``/promote``;
+  ``night.auto_promote`` is on, once: a failed try is recorded in the job's
+  progress and the candidate then waits for ``/promote``;
 - with ``night.single_gpu``, the model server is stopped while the job trains
   and started again afterwards; chat messages wait in their queues meanwhile;
 - every change of state or progress is passed to the front ends' listeners.
@@ -105,7 +105,8 @@ class NightWatch:
                     f"{job['id']}"))
                 job = await self.store.job(job["id"])
             await self._single_gpu(job)
-            if job["state"] == "awaiting_promotion" and self.config.night.auto_promote:
+            if (job["state"] == "awaiting_promotion" and self.config.night.auto_promote
+                    and "promotion" not in job["progress"]):  # one try per candidate
                 await self._promote(job)
             await self._notify(job)
 

@@ -34,7 +34,9 @@ deferred answer may take; the job row keeps the progress past that).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,6 +89,26 @@ def practice_agent(rt: Runtime) -> Agent:
                  rt.spaces.sys_section, stray=rt.agent.stray)
 
 
+def publish_held_out(folder: Path, name: str, held: list[Task]) -> Path:
+    """Write a set's held-out tasks where the night's gate reads them
+    (``<data_dir>/heldout/<set>.jsonl``, one ``{"id", "prompt", "check"}`` per line).
+    Python checks stay out: the gate scores ``exact`` and ``regex`` checks itself."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": t.id, "prompt": t.prompt, "check": _gate_check(t)})
+             for t in held if t.check.kind in ("exact", "regex")]
+    path = folder / f"{name}.jsonl"
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, path)
+    return path
+
+
+def _gate_check(task: Task) -> dict:
+    if task.check.kind == "regex":  # practice matches the whole answer; the gate searches
+        return {"regex": rf"\A\s*(?:{task.check.value})\s*\Z"}
+    return {"exact": task.check.value}
+
+
 async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None) -> str:
     """Practise the set at ``path``; returns the summary to show. Raises ValueError
     (a PracticeSetError naming the line) for a bad file or a bad sample count."""
@@ -97,6 +119,7 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
     practised, held = pset.split(rt.config.practice.held_out_percent)
     if not practised:
         raise ValueError(f"every task of {pset.path} is held out; add tasks to practise")
+    await asyncio.to_thread(publish_held_out, rt.config.data_dir / "heldout", pset.name, held)
     run = await rt.store.create_job("practice", {
         "path": str(pset.path.resolve()), "set": pset.name, "samples": samples,
         "practised": len(practised), "held_out": [t.id for t in held]})

@@ -3,13 +3,20 @@
 Mixed into ``Store`` (it uses the store's locked ``_fetch`` and ``_write``).
 A night writes each judged window, prediction and understanding score here as
 soon as it is done, so a crashed night resumes without doing them twice.
+
+Where a new night starts collecting (``next_night_since``): where the last
+*promoted* night's collection ended (``progress.collected_until`` of the
+newest night job that went ``live``), or the beginning. So a rejected,
+inconclusive, failed or cancelled night consumes nothing: the next night
+collects its episodes again, with everything since. Which of them it trains
+on is the trainer's rule (episodes served by its base release).
 """
 
 from __future__ import annotations
 
 import time
 
-from bot.storage.schema import dumps, record
+from bot.storage.schema import dumps, loads, record
 
 
 class NightLedger:
@@ -38,3 +45,12 @@ class NightLedger:
         rows = await self._fetch("SELECT * FROM advantages WHERE night_id = ? ORDER BY step_id",
                                  (night_id,))
         return [record(r, ("parts",)) for r in rows]
+
+    async def next_night_since(self) -> float:
+        """Where the next night collects from: the end of the last promoted night's
+        collection, or 0 (everything) before any night was promoted."""
+        rows = await self._fetch("SELECT progress FROM jobs WHERE kind = 'sleep' AND "
+                                 "state = 'live' ORDER BY id DESC LIMIT 1")
+        if not rows:
+            return 0.0
+        return float((loads(rows[0]["progress"]) or {}).get("collected_until") or 0.0)

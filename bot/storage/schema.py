@@ -75,6 +75,13 @@ class Episode:
     model_version: str | None
     steps: list[StoredStep] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # in the order they were given
+    release_id: int | None = None  # the live release when it started; None: the base model
+    forgotten_at: float | None = None  # set by /forget: excluded, its text erased
+
+    @property
+    def label(self) -> str | None:
+        """The label that counts: the latest one given (and not taken back)."""
+        return self.labels[-1] if self.labels else None
 
 
 STEP_FIELDS = tuple(f.name for f in fields(Step))
@@ -274,12 +281,20 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (night_id, step_id)
         )""",
     ],
-    [  # each distinct tool list once (bot.storage.toolsets); steps refer to it by ref
+    # 3: each distinct tool list once (bot.storage.toolsets); steps refer to it by ref.
+    [
         """CREATE TABLE tool_sets (
             ref TEXT PRIMARY KEY,
             schemas TEXT NOT NULL,
             created_at REAL NOT NULL
         )""",
+    ],
+    # 4: who gave a label (reactions can be taken back, by their giver only), the release
+    # that served each episode, and episodes forgotten by /forget.
+    [
+        "ALTER TABLE labels ADD COLUMN user_id INTEGER",
+        "ALTER TABLE episodes ADD COLUMN release_id INTEGER",
+        "ALTER TABLE episodes ADD COLUMN forgotten_at REAL",
     ],
 ]
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import aiosqlite
 
+from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
 from bot.storage.toolsets import ToolSets
 
@@ -57,7 +58,7 @@ __all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class Store(NightLedger, ToolSets):
+class Store(NightLedger, ToolSets, LabelBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
@@ -189,8 +190,11 @@ class Store(NightLedger, ToolSets):
                 "INSERT OR IGNORE INTO channels (id, name, created_at) VALUES (?, '', ?)",
                 (channel_id, now),
             )
+            # The release that serves it is the live one: the bot serves what is live
+            # (bot.runtime), and a swap marks the new release live once it serves.
             cur = await db.execute(
-                "INSERT INTO episodes (channel_id, started_at, model_version) VALUES (?, ?, ?)",
+                "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
+                "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
                 (channel_id, now, model_version),
             )
             return cur.lastrowid
@@ -209,8 +213,9 @@ class Store(NightLedger, ToolSets):
                 "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) "
                 "DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
                 (channel_id, name, now))
-            cur = await db.execute(
-                "INSERT INTO episodes (channel_id, started_at, model_version) VALUES (?, ?, ?)",
+            cur = await db.execute(  # the release that serves it: the live one (see start_episode)
+                "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
+                "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
                 (channel_id, now, model_version))
             episode_id = cur.lastrowid
             stored = []
@@ -247,11 +252,13 @@ class Store(NightLedger, ToolSets):
         return stored_step(rows[0])
 
     async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
-        """The channel's last ``limit`` steps across episodes, oldest first."""
+        """The channel's last ``limit`` steps across episodes, oldest first; forgotten
+        episodes are left out."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         rows = await self._fetch(
-            "SELECT * FROM (SELECT * FROM steps WHERE channel_id = ? ORDER BY id DESC LIMIT ?) "
+            "SELECT * FROM (SELECT * FROM steps WHERE channel_id = ? AND episode_id NOT IN "
+            "(SELECT id FROM episodes WHERE forgotten_at IS NOT NULL) ORDER BY id DESC LIMIT ?) "
             "ORDER BY id",
             (channel_id, limit),
         )
@@ -290,14 +297,16 @@ class Store(NightLedger, ToolSets):
         await self._expand_tool_sets(list(episodes.values()))
         return list(episodes.values())
 
-    async def add_label(self, episode_id: int, label: str, source: str) -> None:
-        """Attach a label; ``source`` says who gave it (reaction, admin, verifier)."""
+    async def add_label(self, episode_id: int, label: str, source: str,
+                        user_id: int | None = None) -> None:
+        """Attach a label; ``source`` says how it was given (reaction, admin, verifier),
+        ``user_id`` by whom (a reaction's giver, who alone may take it back)."""
         check(label, LABELS, "label")
         nonempty(source, "label source")
         rows = await self._fetch(
-            "INSERT INTO labels (episode_id, label, source, created_at) "
-            "SELECT id, ?, ?, ? FROM episodes WHERE id = ? RETURNING id",
-            (label, source, time.time(), episode_id),
+            "INSERT INTO labels (episode_id, label, source, created_at, user_id) "
+            "SELECT id, ?, ?, ?, ? FROM episodes WHERE id = ? RETURNING id",
+            (label, source, time.time(), user_id, episode_id),
         )
         if not rows:
             raise ValueError(f"no episode {episode_id}")
@@ -322,12 +331,16 @@ class Store(NightLedger, ToolSets):
             raise ValueError(f"no episode {episode_id}")
         return rows[0]["id"]
 
-    async def events(self, kind: str | None = None, since: float = 0.0) -> list[dict]:
+    async def events(self, kind: str | None = None, since: float = 0.0,
+                     episode_id: int | None = None) -> list[dict]:
         sql = "SELECT * FROM events WHERE created_at >= ?"
         params: tuple = (since,)
         if kind is not None:
             sql += " AND kind = ?"
             params += (kind,)
+        if episode_id is not None:
+            sql += " AND episode_id = ?"
+            params += (episode_id,)
         rows = await self._fetch(sql + " ORDER BY id", params)
         return [record(r, ("payload",)) for r in rows]
 
