@@ -157,6 +157,9 @@ def report(calls: list[Call]) -> None:
     prompts = [call.requests[0].prompt for call in turns.values() if call.requests]
     hits = sum(p.reused >= 0.9 * p.prompt_tokens for p in prompts)
     print(f"  turn calls that reused >= 90% of their prompt: {hits}/{len(prompts)}")
+    every = [r.prompt for call in calls for r in call.requests]
+    print(f"  requests that restored a saved state: {sum(p.restored for p in every)}/{len(every)}"
+          " (canaries and re-asks included)")
 
 
 async def main() -> None:
@@ -176,6 +179,8 @@ async def main() -> None:
         config = Config.model_validate({"paths": {"data_dir": tmp}, "server": server})
         sets = {"default": _registry(config).schemas(), "all": default_registry().schemas()}
         chosen = ["default", "all"] if args.tools == "both" else [args.tools]
+        if len(chosen) == 2 and sets["default"] == sets["all"]:
+            chosen = ["all"]  # agent.tools' default is every tool: one run measures both
         print(f"gguf: {gguf.name}, cpus: {os.cpu_count()}, "
               f"prompt cache: {config.server.prompt_cache_mb} MiB, "
               f"agent.tools: {config.agent.tools or 'every tool'}, "
