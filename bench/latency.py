@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # before bench/, whose sandbox.py would shadow the package
 
+from bot.agent import Agent  # noqa: E402
 from bot.config import Config  # noqa: E402
 from bot.llm import LLM  # noqa: E402
 from bot.runtime import _registry  # noqa: E402
@@ -63,6 +64,12 @@ DAY = [
     ("", "canary", ""),
     ("beta", "follow-up", "Name one colour."),
 ]
+# --notes: a channel whose system prompt carries its own notes (update_sys), which the
+# chatml-function-calling template renders before the tool list.
+NOTES = {"gamma": "- The user prefers short answers.\n- The project's files are in src/."}
+NOTES_DAY = [("", "canary", ""), ("gamma", "first", "Hello! What do you know about me?")]
+
+
 class CountingLLM(LLM):
     """The real client, counting its HTTP requests (a turn may re-ask with "none")."""
 
@@ -84,7 +91,11 @@ class Call:
         return self.requests[0].prompt.first_token_ms / 1000 if self.requests else float("nan")
 
 
-async def run_day(config: Config, gguf: Path, tools: list[dict]) -> tuple[list[Call], float]:
+async def run_day(config: Config, gguf: Path, tools: list[dict],
+                  day: list[tuple[str, str, str]]) -> tuple[list[Call], float]:
+    # Only its system prompt is used: the agent's own composition of prompt and notes.
+    agent = Agent(config, None, None, None, lambda channel: None,
+                  sys_section=lambda channel: NOTES.get(channel, ""))
     supervisor = ServerSupervisor(config, gguf=gguf)
     await supervisor.start(watchdog=False)  # canaries at fixed points, not on a timer
     history: dict[str, list[dict]] = {}
@@ -92,14 +103,14 @@ async def run_day(config: Config, gguf: Path, tools: list[dict]) -> tuple[list[C
     try:
         log = LogTail(supervisor.log_path)
         async with CountingLLM(config, supervisor) as llm:
-            for channel, kind, text in DAY:
+            for channel, kind, text in day:
                 started, sent_before = time.perf_counter(), llm.sent
                 if kind == "canary":
                     ok, why = await supervisor._canary()
                     if not ok:
                         raise RuntimeError(f"the canary failed: {why}")
                 else:
-                    messages = [{"role": "system", "content": config.agent.system_prompt},
+                    messages = [{"role": "system", "content": agent.system_prompt(channel)},
                                 *history.get(channel, []), {"role": "user", "content": text}]
                     reply = await llm.chat(messages, tools=tools,
                                            max_tokens=config.agent.max_reply_tokens,
@@ -149,6 +160,10 @@ def report(calls: list[Call]) -> None:
     print(f"  other channel's first turn: ttft {other.ttft_s:.2f} s, total {other.wall_s:.2f} s "
           f"({other.requests[0].prompt.reused} of {other.requests[0].prompt.prompt_tokens} "
           "prompt tokens reused)")
+    if noted := turns.get("#gamma first"):
+        gp = noted.requests[0].prompt
+        print(f"  first turn in a channel with notes: ttft {noted.ttft_s:.2f} s, total "
+              f"{noted.wall_s:.2f} s ({gp.reused} of {gp.prompt_tokens} prompt tokens reused)")
     share = fp.reused / fp.prompt_tokens if fp.prompt_tokens else 0.0
     per_token = fp.prompt_eval_ms / fp.evaluated if fp.evaluated else 0.0
     print(f"  follow-up prompt from the cache: {share:.1%} ({fp.reused}/{fp.prompt_tokens}); "
@@ -168,6 +183,8 @@ async def main() -> None:
     parser.add_argument("--tools", choices=["default", "all", "both"], default="both")
     parser.add_argument("--prompt-cache-mb", type=int, default=None,
                         help="server.prompt_cache_mb (default: the config's default)")
+    parser.add_argument("--notes", action="store_true",
+                        help="also a first turn in a channel with its own notes")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="an extra server argument, as server.extra_args (repeatable)")
     args = parser.parse_args()
@@ -182,14 +199,17 @@ async def main() -> None:
         if len(chosen) == 2 and sets["default"] == sets["all"]:
             chosen = ["all"]  # agent.tools' default is every tool: one run measures both
         print(f"gguf: {gguf.name}, cpus: {os.cpu_count()}, "
+              f"load average: {os.getloadavg()[0]:.1f}, "
               f"prompt cache: {config.server.prompt_cache_mb} MiB, "
               f"agent.tools: {config.agent.tools or 'every tool'}, "
               f"extra server args: {config.server.extra_args}")
         for name in chosen:
             print(f"== tools: {name} ({len(sets[name])} tools) ==")
-            calls, rss = await run_day(config, gguf, sets[name])
+            calls, rss = await run_day(config, gguf, sets[name],
+                                       DAY + (NOTES_DAY if args.notes else []))
             report(calls)
-            print(f"  server memory after the day: {rss:.0f} MiB resident")
+            print(f"  server memory after the day: {rss:.0f} MiB resident; "
+                  f"load average now {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
