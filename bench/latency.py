@@ -26,8 +26,12 @@ follow-up's new tokens alone) and the share of turn calls that reused >= 90%
 of their prompt.
 
     python bench/latency.py [--gguf PATH] [--tools default|all|both] [--prompt-cache-mb N]
+                            [--notes] [--server-arg=ARG ...]
 
-``--prompt-cache-mb 0`` measures without the prompt cache, for comparison.
+``--prompt-cache-mb 0`` measures without the prompt cache, for comparison (add
+``--server-arg=--logits_all --server-arg=true`` for the settings before it);
+``--notes`` adds a first turn in a channel with its own notes. When the default
+tool set is every tool (``agent.tools = []``), one run measures both.
 """
 
 from __future__ import annotations
