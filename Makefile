@@ -41,7 +41,7 @@ doctor: model
 	$(PY) -m bot $(CONFIG_ARG) doctor
 
 bench: model
-	for b in store server agent tools hostile sandbox night train export swap; do $(PY) bench/$$b.py || exit 1; done
+	for b in store server agent tools hostile sandbox night train export swap latency; do $(PY) bench/$$b.py || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +40,20 @@ from typing import Any, Callable, Protocol
 from bot.config import Config
 from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
+from bot.messages import (  # noqa: F401 - history_messages: callers import it from here
+    assistant_message,
+    assistant_step,
+    estimate_tokens,
+    history_messages,
+    outbox_files,
+    recent_start,
+    strip_reasoning,
+    text_of,
+    yes_no,
+)
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Step, Store, StoredStep
 
-_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-_CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
 SUMMARY_PREFIX = "Summary of the earlier conversation: "
@@ -107,50 +115,6 @@ class TurnEnded(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
-
-
-def strip_reasoning(text: str) -> str:
-    return _THINK.sub("", text or "")
-
-
-def history_messages(steps: list[StoredStep]) -> list[dict]:
-    """Stored steps of earlier turns as chat messages, reasoning stripped.
-
-    System steps are skipped (each turn stores the system prompt it used), and so
-    is the stray end-of-turn probe (its question, answer and go-ahead are the
-    harness talking, stored for the night, not conversation). A leading tool
-    observation whose call fell off the window is dropped, since a tool message
-    without its call is invalid chat.
-    """
-    messages = []
-    for step in steps:
-        if step.role == "system" or (step.meta or {}).get("probe"):
-            continue
-        if step.role == "tool" and not messages:
-            continue
-        message: dict = {"role": step.role, "content": strip_reasoning(step.content)}
-        if step.tool_calls:
-            message["tool_calls"] = step.tool_calls
-        if step.role == "tool":
-            message["tool_call_id"] = step.tool_call_id or ""
-            message["name"] = step.name or ""
-        messages.append(message)
-    return messages
-
-
-def text_of(content: str | list | None) -> str:
-    """A message's content as text: an image part (a vision turn) becomes a placeholder,
-    so its base64 never reaches a summary prompt or a length estimate."""
-    if not isinstance(content, list):
-        return content or ""
-    return " ".join(part.get("text", "") if part.get("type") == "text" else "[image]"
-                    for part in content if isinstance(part, dict))
-
-
-def estimate_tokens(messages: list[dict]) -> int:
-    chars = sum(len(text_of(m.get("content"))) + len(json.dumps(m.get("tool_calls") or []))
-                for m in messages)
-    return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
 
 
 class Agent:
@@ -221,7 +185,7 @@ class Agent:
         except TurnEnded as end:
             await self.store.end_episode(episode, end.status)
             return TurnResult(channel, end.message, episode, ok=False, steps=turn.steps,
-                              files=_files(turn.ctx))
+                              files=outbox_files(turn.ctx))
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
@@ -236,9 +200,9 @@ class Agent:
         self.progress(turn.channel, f"step {turn.steps}: thinking")
         offered = set() if turn.no_tools else self.tool_names()
         reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
-        stored = await self._store(turn.episode, _assistant_step(reply))
+        stored = await self._store(turn.episode, assistant_step(reply))
         turn.last_step_id = stored.id
-        messages.append(_assistant_message(reply))
+        messages.append(assistant_message(reply))
         return reply, stored
 
     async def _tool_round(self, turn: _Turn, messages: list[dict], calls: list[dict]) -> None:
@@ -281,7 +245,7 @@ class Agent:
             text = (text + "\n\n" if text else "") + CUT_NOTE.format(
                 tokens=self.config.agent.max_reply_tokens)
         return TurnResult(turn.channel, text, turn.episode,
-                          ok=True, steps=turn.steps, files=_files(turn.ctx))
+                          ok=True, steps=turn.steps, files=outbox_files(turn.ctx))
 
     async def _end_of_turn(self, ctx: Any) -> None:
         if self.config.agent.clear_scratch_after_turn and "clear_scratch" in self.tool_names():
@@ -382,7 +346,7 @@ class Agent:
                                         temperature=0)
         except LLMError:
             return False  # the answer stands; the night still sees the flag below
-        answer = _yes_no(reply.content)
+        answer = yes_no(reply.content)
         await self._probe(episode, messages, "assistant", reply.content)
         await self.store.add_event(channel, episode, "stray_end_of_turn", {
             "step_id": flagged.id, "seq": flagged.seq, "reason": reason, "answer": answer})
@@ -408,7 +372,7 @@ class Agent:
         if estimate_tokens(messages) + schema_tokens <= budget:
             return messages
         system, rest = messages[0], messages[1:]
-        keep = _recent_start(rest, agent.keep_recent_messages)
+        keep = recent_start(rest, agent.keep_recent_messages)
         old, recent = rest[:keep], rest[keep:]
         if not old:
             return messages
@@ -428,44 +392,3 @@ class Agent:
             raise TurnEnded(f"(the model server failed while compacting: {exc})",
                             status="errored") from exc
         return strip_reasoning(reply.content).strip() or "(no summary)"
-
-
-def _yes_no(text: str) -> str:
-    """"yes" or "no" from a JSON answer or plain text; anything unclear counts as yes."""
-    try:
-        value = json.loads(text).get("answer", "")
-    except (ValueError, AttributeError):
-        value = text
-    return "no" if str(value).strip().lower().startswith("no") else "yes"
-
-
-def _recent_start(messages: list[dict], keep: int) -> int:
-    """Index where the kept recent part starts; never splits a tool call from its results."""
-    start = max(0, len(messages) - keep)
-    while start > 0 and messages[start]["role"] == "tool":
-        start -= 1
-    return start
-
-
-def _assistant_step(reply: Reply) -> Step:
-    return Step(role="assistant", content=reply.content, tool_calls=reply.tool_calls or None,
-                model_version=reply.model, started_at=time.time() - reply.duration_ms / 1000,
-                duration_ms=reply.duration_ms, prompt_tokens=reply.prompt_tokens,
-                completion_tokens=reply.completion_tokens)
-
-
-def _assistant_message(reply: Reply) -> dict:
-    message: dict = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        message["tool_calls"] = reply.tool_calls
-    return message
-
-
-def _files(ctx: Any) -> list[str]:
-    """Files the agent asked to send during the turn (``send_file``), drained once."""
-    outbox = getattr(ctx, "services", {}).get("outbox")
-    if not outbox:
-        return []
-    files = list(outbox)
-    outbox.clear()
-    return files

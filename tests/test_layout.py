@@ -14,6 +14,7 @@ TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
 # Imports inside functions that load a heavy or optional dependency when used.
 # (The embedder loads its model, notes load chromadb, the front ends load discord.py.)
 LAZY_OK = {"bot.storage.embedder", "tools.notes", "bot.discord_front.app", "bot.doctor",
+           "bot.serving.prompt_cache",  # in the server process only: it loads llama_cpp
            "bot.app"}
 
 

@@ -65,9 +65,19 @@ def test_llama_cpp_python_command_serves_the_gguf_with_the_configured_settings(t
         "--chat_format": "chatml",
         "--n_ctx": "2048",
         "--model_alias": "nick",
+        "--logits_all": "false",  # nothing reads prompt logits; they cost each cache save
         "--n_threads": "2",
+        "--cache": "true",  # the prompt cache (bot.serving.prompt_cache), on by default
+        "--cache_type": "ram",
+        "--cache_size": str(1024 * 2**20),
         "--n_batch": "256",
     }
+
+
+def test_llama_cpp_python_command_without_a_prompt_cache_when_its_size_is_zero(tmp_path):
+    config = make_config(tmp_path, 9001, server={"prompt_cache_mb": 0})
+    argv = server_kind("llama-cpp-python").command(config, Path("/m.gguf"), "127.0.0.1", 9001)
+    assert "--cache" not in argv and "--cache_size" not in argv
 
 
 def test_llama_cpp_python_command_leaves_threads_to_llama_cpp_by_default(tmp_path):

@@ -107,6 +107,9 @@ class ServerConfig(_Section):
     _unset = field_validator("binary", mode="before")(_empty_is_none)
 
     threads: int = Field(0, ge=0, description="0 for llama.cpp's default, or a positive count")
+    prompt_cache_mb: int = Field(
+        1024, ge=0, description="MiB of RAM for saved prompt states (llama-cpp-python); 0 = off"
+    )
     extra_args: list[str] = Field(
         default_factory=list, description="a list of extra command-line arguments"
     )

@@ -62,9 +62,15 @@ class LlamaCppPython:
             "--chat_format", config.model.chat_format,
             "--n_ctx", str(config.model.context_tokens),
             "--model_alias", config.model.alias,
+            # Its default (true) keeps every prompt token's logits: 640 MiB written per
+            # 3,300-token prompt and copied on every cache save; nothing here reads them.
+            "--logits_all", "false",
         ]  # fmt: skip
         if config.server.threads > 0:
             argv += ["--n_threads", str(config.server.threads)]
+        if config.server.prompt_cache_mb > 0:  # bot.serving.prompt_cache; bench/latency.py
+            argv += ["--cache", "true", "--cache_type", "ram",
+                     "--cache_size", str(config.server.prompt_cache_mb * 2**20)]
         if lora is not None:
             argv += ["--lora_path", str(lora)]
         return argv + list(config.server.extra_args)

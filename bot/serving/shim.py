@@ -21,6 +21,9 @@ Jinja's ``tojson`` filter (the handler's tool list) still escapes ``<>&'`` as
 ``htmlsafe_json_dumps`` whatever the autoescape setting. That is valid JSON
 and is left alone.
 
+It also installs ``bot.serving.prompt_cache``: a prompt cache that keeps one saved
+state per conversation and lean state copies (see that module).
+
 Run it with exactly the arguments of ``python -m llama_cpp.server``:
 ``python -m bot.serving.shim --model m.gguf --chat_format chatml-function-calling``.
 """
@@ -49,6 +52,9 @@ def plain_templates() -> None:
 
 def main() -> None:
     plain_templates()
+    from bot.serving.prompt_cache import install
+
+    install()  # the prompt cache's state handling; inert unless --cache is on (see there)
     # As `python -m llama_cpp.server`: its own argv parsing reads sys.argv[1:].
     runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
 

@@ -1,0 +1,103 @@
+"""Chat messages as the agent builds them: from stored steps, from replies, and their size.
+
+Pure functions of the agent loop (``bot.agent``), kept apart so the loop reads as
+the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from bot.serving.client import Reply
+from bot.storage.store import Step, StoredStep
+
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
+
+
+def strip_reasoning(text: str) -> str:
+    return _THINK.sub("", text or "")
+
+
+def history_messages(steps: list[StoredStep]) -> list[dict]:
+    """Stored steps of earlier turns as chat messages, reasoning stripped.
+
+    System steps are skipped (each turn stores the system prompt it used), and so
+    is the stray end-of-turn probe (its question, answer and go-ahead are the
+    harness talking, stored for the night, not conversation). A leading tool
+    observation whose call fell off the window is dropped, since a tool message
+    without its call is invalid chat.
+    """
+    messages = []
+    for step in steps:
+        if step.role == "system" or (step.meta or {}).get("probe"):
+            continue
+        if step.role == "tool" and not messages:
+            continue
+        message: dict = {"role": step.role, "content": strip_reasoning(step.content)}
+        if step.tool_calls:
+            message["tool_calls"] = step.tool_calls
+        if step.role == "tool":
+            message["tool_call_id"] = step.tool_call_id or ""
+            message["name"] = step.name or ""
+        messages.append(message)
+    return messages
+
+
+def text_of(content: str | list | None) -> str:
+    """A message's content as text: an image part (a vision turn) becomes a placeholder,
+    so its base64 never reaches a summary prompt or a length estimate."""
+    if not isinstance(content, list):
+        return content or ""
+    return " ".join(part.get("text", "") if part.get("type") == "text" else "[image]"
+                    for part in content if isinstance(part, dict))
+
+
+def estimate_tokens(messages: list[dict]) -> int:
+    chars = sum(len(text_of(m.get("content"))) + len(json.dumps(m.get("tool_calls") or []))
+                for m in messages)
+    return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
+
+
+def yes_no(text: str) -> str:
+    """"yes" or "no" from a JSON answer or plain text; anything unclear counts as yes."""
+    try:
+        value = json.loads(text).get("answer", "")
+    except (ValueError, AttributeError):
+        value = text
+    return "no" if str(value).strip().lower().startswith("no") else "yes"
+
+
+def recent_start(messages: list[dict], keep: int) -> int:
+    """Index where the kept recent part starts; never splits a tool call from its results."""
+    start = max(0, len(messages) - keep)
+    while start > 0 and messages[start]["role"] == "tool":
+        start -= 1
+    return start
+
+
+def assistant_step(reply: Reply) -> Step:
+    return Step(role="assistant", content=reply.content, tool_calls=reply.tool_calls or None,
+                model_version=reply.model, started_at=time.time() - reply.duration_ms / 1000,
+                duration_ms=reply.duration_ms, prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens)
+
+
+def assistant_message(reply: Reply) -> dict:
+    message: dict = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+    return message
+
+
+def outbox_files(ctx: Any) -> list[str]:
+    """Files the agent asked to send during the turn (``send_file``), drained once."""
+    outbox = getattr(ctx, "services", {}).get("outbox")
+    if not outbox:
+        return []
+    files = list(outbox)
+    outbox.clear()
+    return files
