@@ -16,6 +16,7 @@ import pytest
 
 from bot.config import Config
 from bot.serving.client import LLM
+from bot.serving.probe import canary as canary_probe
 from bot.serving.prompt_cache import NESTED_SLACK, _lean_state_methods, make_prompt_cache_class
 from bot.serving.supervisor import ServerSupervisor
 from bot.serving.server_log import LogTail, Request
@@ -141,7 +142,7 @@ async def day(config: Config, gguf: Path) -> dict[str, list[Request]]:
                 return reply
 
             async def canary(name: str) -> None:
-                assert (await supervisor._canary())[0]
+                assert (await canary_probe(config, supervisor.base_url))[0]
                 steps[name] = await log.requests(1)
 
             first = await turn("alpha first", alpha)

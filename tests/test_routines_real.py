@@ -31,8 +31,8 @@ async def test_swarm_and_routine_cleaning_turns_run_on_the_embedded_model(
     config.agent.max_steps = 3
     config.agent.max_reply_tokens = 64
     # A short tool list keeps the prompt small: the CPUs are shared with other tests.
-    config.agent.tools = ["board_read", "board_post", "write_file", "note_list", "note_create",
-                          "note_delete"]
+    config.agent.tools = ["board_read", "board_post", "write_file", "note_list", "note_search",
+                          "note_create", "note_delete"]
     config.server.request_timeout_s = 300
     config.swarms.teams = [Swarm(name="pair", channels=["s1", "s2"])]
     rt = await Runtime.start(config)
