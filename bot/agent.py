@@ -152,6 +152,22 @@ class Agent:
                     {"role": "user", "content": text}]
         return await self.run(channel, episode, messages)
 
+    async def demonstrate(self, channel: str, text: str, answer: str,
+                          speaker: str = "user") -> int:
+        """Record ``answer`` as the agent's direct reply to ``text``, a turn it did not
+        generate (a practice task's reference): the same context as ``turn`` would send,
+        its answer marked ``demonstration``. Returns the episode."""
+        system = self.system_prompt(channel)
+        tools_ref = await self.store.tool_set_ref(self.tools.schemas())
+        now = time.time()
+        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
+            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
+        await self._store(episode, Step(role="assistant", content=answer,
+                                        meta={"demonstration": True, "choice": "message"}))
+        await self.store.end_episode(episode, "complete")
+        return episode
+
     async def run(self, channel: str, episode: int, messages: list[dict]) -> TurnResult:
         """Continue a turn from ``messages`` until an answer, a limit or an error::
 

@@ -71,7 +71,8 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
         answer = await run_command(rt, Caller(0, (), "general", "console", local=True), name,
                                    **options)
         verdicts = await rt.store.events("verifier_reward")
-        rewards = [e for e in verdicts if e["payload"]["reward"] is not None]
+        shown = [e for e in verdicts if e["payload"].get("demonstration")]
+        rewards = [e for e in verdicts if e["payload"]["reward"] is not None and e not in shown]
         unjudged = [e for e in verdicts if e["payload"]["reward"] is None]
         episodes = {e.id: e for e in await rt.store.episodes_since(0)}
         jobs = await rt.store.jobs("practice")
@@ -96,8 +97,19 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     assert len(unjudged) == 3
     assert all(e["payload"]["task_id"] == "crash" and "bad check" in e["payload"]["why"]
                for e in unjudged)
+    # "sub" was never passed: its exact answer joined its group as an example, in a fresh
+    # channel with the agent's own context; "crash" has no reference and got none.
+    assert [e["payload"]["task_id"] for e in shown] == ["sub"]
+    assert shown[0]["payload"]["reward"] == 1.0 and shown[0]["payload"]["check"] == "reference"
+    assert shown[0]["payload"]["group"] == f"drill:sub:{jobs[0]['id']}"
+    example = episodes[shown[0]["episode_id"]]
+    assert example.status == "complete" and example.channel_id.endswith("-reference")
+    assert [s.role for s in example.steps] == ["system", "user", "assistant"]
+    assert example.steps[-1].content == "7" and example.steps[-1].meta["demonstration"]
+    assert example.steps[0].meta["tools_ref"]
+    assert "1 shown by example" in lines[-1]
     # Twelve fresh channels, one episode each: no attempt saw another's history.
-    assert len({e.channel_id for e in episodes.values()}) == len(episodes) == 12
+    assert len({e.channel_id for e in episodes.values()}) == len(episodes) == 13
     assert jobs[0]["state"] == "done" and jobs[0]["args"]["held_out"] == ["held-2"]
     # The held-out task is published where the night's gate reads its items.
     published = (config.data_dir / "heldout" / "drill.jsonl").read_text().splitlines()

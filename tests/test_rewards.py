@@ -83,13 +83,40 @@ async def test_the_judge_is_measured_against_labels_and_checks(store, tmp_path, 
     await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 0.0, "check": "regex"})
     await tool_episode(store, "unlabelled")
     server = await serve(always(1))  # the judge calls every answer good
-    try:
-        result, _ = await run(config_for(tmp_path), store, server, embedder)
+    try:  # every checked channel read too (by default a sample of them)
+        result, _ = await run(config_for(tmp_path, judge_checked_fraction=1.0), store, server,
+                              embedder)
     finally:
         await server.stop()
     assert result.agreement["person"] == {"n": 3, "agree": 1, "percent": 33.3, "uncovered": 0}
     assert result.agreement["verifier"] == {"n": 1, "agree": 0, "percent": 0.0, "uncovered": 0}
     assert result.manifest["judge_agreement"] == result.agreement
+
+
+async def test_the_judge_skips_channels_a_check_rewarded_but_reads_every_labelled_one(
+        store, tmp_path, embedder):
+    for k in range(3):  # practice: each attempt a channel, each rewarded by its check
+        episode, _, _ = await tool_episode(store, f"practice-{k}")
+        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+                              {"reward": 1.0 * (k == 0), "check": "exact", "group": "g"})
+    both, _, _ = await tool_episode(store, "both")
+    await store.add_event("both", both, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+    await store.add_label(both, "accepted", "reaction")
+    await tool_episode(store, "chat")
+    server = await serve(always(1))
+    try:
+        result, _ = await run(config_for(tmp_path, judge_checked_fraction=0.0), store, server,
+                              embedder)
+    finally:
+        await server.stop()
+    assert len(server.of(REPORT)) == 2  # "both" (a label: judged blind) and "chat"
+    assert result.counts["channels_checked_unjudged"] == 3
+    sources = {c: s.source for c, s in by_channel(result).items()}
+    assert sources == {"practice-0": "verifier", "practice-1": "verifier",
+                       "practice-2": "verifier", "both": "verifier", "chat": "judge"}
+    # A practice group's mean is its baseline: the value model is not asked for them.
+    assert result.counts["predictions"] == 2  # "both" and "chat", not the three attempts
+    assert result.agreement["verifier"]["uncovered"] == 3
 
 
 async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp_path, embedder):

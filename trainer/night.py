@@ -21,6 +21,7 @@ also leaves out any memory of this night, in case one is already there.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -73,7 +74,9 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     progress("collected", dict(counts))
 
     clock = time.perf_counter()
-    judged = await _judge_all(store, night_id, Judge(client, settings), days, counts, progress)
+    read = _to_judge(collection, days, settings)
+    counts["channels_checked_unjudged"] = len(days) - len(read)
+    judged = await _judge_all(store, night_id, Judge(client, settings), read, counts, progress)
     ruling, subtasks, agreed = _by_precedence(collection, days, judged, settings, counts)
     timings["judge"] = time.perf_counter() - clock
     progress("rewards", {"agreement": agreed})
@@ -102,6 +105,25 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     timings["advantages"] = time.perf_counter() - clock
     progress("advantages", dict(counts))
     return NightResult(night_id, dataset, manifest, counts, timings, subtasks, agreed)
+
+
+def _to_judge(collection: Collection, days: dict, settings) -> dict:
+    """The channel days the judge reads: every one with an episode no check rewarded,
+    and a sample (``judge_checked_fraction``) of the rest, for its agreement figure."""
+    labelled = {e.id for e in collection.episodes if person_reward(e.labels) is not None}
+    checked = {e for e, v in collection.verified.items()
+               if v.reward is not None and e not in labelled}
+    out = {}
+    for channel, day in days.items():
+        episodes = {m.episode_id for m in day}
+        if not episodes <= checked or sampled(_channel_key(channel), settings.judge_checked_fraction,
+                                              settings.seed):
+            out[channel] = day
+    return out
+
+
+def _channel_key(channel: str) -> int:
+    return int.from_bytes(hashlib.sha256(channel.encode()).digest()[:4], "big")
 
 
 def remember(memory: ValueMemory, result: NightResult, now: float) -> None:
@@ -163,9 +185,10 @@ async def _predict_all(store: Store, night_id: int, client: JsonClient, memory: 
                        subtasks: list[SubTask], settings, counts: Counter,
                        progress: Progress) -> dict[str, Prediction]:
     done = await store.records(night_id, "prediction")
+    grouped = Counter(s.group for s in subtasks if s.group)
     for subtask in subtasks:
-        if subtask.key in done:
-            continue
+        if subtask.key in done or grouped[subtask.group] >= 2:
+            continue  # a practice group's mean is its baseline (task_advantages): not asked
         found = await predict(client, memory, subtask, settings.value_neighbours,
                               settings.half_life_days, exclude_night=night_id)
         done[subtask.key] = ({"missing": True} if found is None else

@@ -277,6 +277,10 @@ class NightConfig(_Section):
     understanding_fraction: float = Field(
         0.3, ge=0, le=1, description="share of episodes given the understanding pass (0..1)"
     )
+    judge_checked_fraction: float = Field(
+        0.1, ge=0, le=1, description="share of channels whose episodes all have a check's reward "
+                                     "that the judge still reads, for its agreement (0..1)"
+    )
     turn_penalty: float = Field(
         0.02, ge=0, description="advantage taken per extra assistant message in a turn (>= 0)"
     )
@@ -351,6 +355,11 @@ class PracticeConfig(_Section):
     )
     check_timeout_s: float = Field(
         10, gt=0, le=300, description="seconds a regex or python check may run (0..300)"
+    )
+    demonstrate: bool = Field(
+        True, description="true or false; when no attempt of a task passes, its reference "
+                          "answer (an exact check's text, or the task's \"reference\") "
+                          "joins the attempts as an example"
     )
 
 

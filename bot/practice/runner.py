@@ -62,6 +62,7 @@ class _Tally:
     done: int = 0
     rewards: list[float] = field(default_factory=list)
     stopped: int = 0  # judged 0 because the turn hit a limit
+    demonstrated: int = 0  # tasks no attempt passed, given their reference as an example
     unjudged: dict[str, int] = field(default_factory=dict)  # why -> count
 
     @property
@@ -73,11 +74,13 @@ class _Tally:
         skipped = sum(self.unjudged.values())
         return (f"practice #{run}: {self.done}/{self.tasks} tasks, mean reward {mean} over "
                 f"{len(self.rewards)} judged attempts ({self.stopped} stopped by a limit)"
-                + (f", {skipped} unjudged" if skipped else ""))
+                + (f", {skipped} unjudged" if skipped else "")
+                + (f", {self.demonstrated} shown by example" if self.demonstrated else ""))
 
     def progress(self) -> dict:
         return {"tasks_done": self.done, "tasks": self.tasks, "judged": len(self.rewards),
                 "stopped": self.stopped, "unjudged": sum(self.unjudged.values()),
+                "demonstrated": self.demonstrated,
                 "mean_reward": self.mean}
 
 
@@ -125,12 +128,16 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
         "practised": len(practised), "held_out": [t.id for t in held]})
     tally = _Tally(len(practised))
     await rt.store.update_job(run, state="running", progress=tally.progress())
-    workers = ChannelWorkers(practice_agent(rt).turn, queue_size=samples)
+    agent = practice_agent(rt)
+    workers = ChannelWorkers(agent.turn, queue_size=samples)
     state = "failed"
     try:
         for task in practised:
             verdicts = await asyncio.gather(*(
                 _attempt(rt, workers, pset, task, run, k) for k in range(samples)))
+            judged = [v for v in verdicts if v.judged]  # none judged: nothing was tried
+            if rt.config.practice.demonstrate and judged and all(v.reward < 1 for v in judged):
+                tally.demonstrated += await _demonstrate(rt, agent, pset, task, run)
             for verdict in verdicts:
                 _count(tally, verdict)
             tally.done += 1
@@ -170,6 +177,27 @@ async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task
         data.update(reward=None, error=verdict.why, why=verdict.why)
     await rt.store.add_event(channel, episode, "verifier_reward", data)
     return verdict
+
+
+async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
+                       run: int) -> bool:
+    """No attempt passed: add the task's reference answer to its group, as a turn of
+    the agent's own with the check's reward, if the check passes it (a python check
+    that wants files in the workspace does not pass a bare answer, and gets none)."""
+    if not task.reference:
+        return False
+    channel = f"practice-{pset.name}-{task.id}-{run}-reference"
+    ctx = rt.spaces.context(channel)
+    verdict = await judge(task, task.reference, ctx.workspace, ctx.services["sandbox"],
+                          rt.config.practice.check_timeout_s)
+    if verdict.reward != 1.0:
+        logger.warning("the reference of %s fails its own check: %s", task.id, verdict.why)
+        return False
+    episode = await agent.demonstrate(channel, task.prompt, task.reference, "practice")
+    await rt.store.add_event(channel, episode, "verifier_reward", {
+        "task": task.id, "task_id": task.id, "set": pset.name, "group": f"{pset.name}:{task.id}:{run}",
+        "check": "reference", "reward": 1.0, "demonstration": True})
+    return True
 
 
 async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:

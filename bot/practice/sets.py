@@ -15,6 +15,12 @@ The check is exactly one of:
   ``reward(answer: str, workspace: str) -> float`` returning a number in
   [0, 1]; it runs in the sandbox (``bot.practice.checks``).
 
+A task may also give ``"reference"``: a right final answer (an exact check's
+text is one already). When none of a task's attempts passes, the runner adds
+the reference, once its check passes it, to the attempts as a demonstration
+(``bot.practice.runner``): a skill the model never hits by chance is still
+learnt, from the example.
+
 Everything is checked when the set is read, so a bad file fails at once with
 its line number and nothing runs: malformed JSON, unknown or missing keys, an
 empty id or prompt, a duplicate id, a regex that does not compile, a python
@@ -62,6 +68,7 @@ class Task:
     prompt: str
     check: Check
     line: int  # 1-based line in the set's file
+    reference: str = ""  # a right final answer, if the set gives one (or the exact text)
 
 
 @dataclass(frozen=True)
@@ -132,10 +139,11 @@ def _task(path: Path, number: int, line: str) -> Task:
     if not isinstance(item, dict):
         raise PracticeSetError(f"{where}: a task must be a JSON object, not "
                                f"{type(item).__name__}")
-    extra = sorted(set(item) - {"id", "prompt", "check"})
+    extra = sorted(set(item) - {"id", "prompt", "check", "reference"})
     missing = [k for k in ("id", "prompt", "check") if k not in item]
     if extra or missing:
-        raise PracticeSetError(f"{where}: a task has exactly the keys id, prompt and check "
+        raise PracticeSetError(f"{where}: a task has the keys id, prompt and check, and "
+                               "optionally reference "
                                f"(missing: {missing or 'none'}; unknown: {extra or 'none'})")
     task_id, prompt = item["id"], item["prompt"]
     if isinstance(task_id, int) and not isinstance(task_id, bool):
@@ -145,7 +153,11 @@ def _task(path: Path, number: int, line: str) -> Task:
                                f"{MAX_ID_CHARS} characters, not {task_id!r}")
     if not isinstance(prompt, str) or not prompt.strip():
         raise PracticeSetError(f"{where}: prompt must be a non-empty string")
-    return Task(task_id, prompt, _check(path, where, item["check"]), number)
+    check = _check(path, where, item["check"])
+    reference = item.get("reference", check.value if check.kind == "exact" else "")
+    if not isinstance(reference, str) or (not reference.strip() and "reference" in item):
+        raise PracticeSetError(f"{where}: reference must be a non-empty string")
+    return Task(task_id, prompt, check, number, reference.strip())
 
 
 def _check(path: Path, where: str, check: object) -> Check:
