@@ -83,7 +83,8 @@ def assistant_step(reply: Reply) -> Step:
     return Step(role="assistant", content=reply.content, tool_calls=reply.tool_calls or None,
                 model_version=reply.model, started_at=time.time() - reply.duration_ms / 1000,
                 duration_ms=reply.duration_ms, prompt_tokens=reply.prompt_tokens,
-                completion_tokens=reply.completion_tokens)
+                completion_tokens=reply.completion_tokens,
+                meta={"choice": reply.choice} if reply.choice else None)
 
 
 def assistant_message(reply: Reply) -> dict:

@@ -233,6 +233,7 @@ async def test_an_empty_auto_answer_is_asked_again_without_tools(scripted):
     async with LLM(config(), base_url=server.url) as llm:
         reply = await llm.chat([{"role": "user", "content": "hi"}], tools=TOOLS)
     assert reply.content == "Hello there."
+    assert reply.choice == "message"  # the model chose words under the tool list
     assert [r["tool_choice"] for r in server.requests] == ["auto", "none"]
     assert reply.prompt_tokens == 22  # both requests are counted
 

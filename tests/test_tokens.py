@@ -347,3 +347,31 @@ def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free
     else:
         prompts = [ours + "message:\n"]
     assert reply["usage"]["prompt_tokens"] == sum(len(_ids(tokenizer, p)) for p in prompts)
+
+
+def test_a_text_answer_chosen_under_the_tool_list_trains_its_choice_in_the_tools_view(tokenizer):
+    # Message 5 was the model's choice "message:" under the tool list (the auto request came
+    # back as words); message 9 came from a request without tools (no choice made).
+    messages = [dict(m) for m in EPISODE]
+    messages[5]["choice"] = "message"
+    row = {"messages": messages, "tools": TOOLS, "advantages": [None] * 5 + [0.5] + [None] * 4}
+    tools_view, plain_view = render_row(row, tokenizer)
+    assert tools_view.view == "tools" and plain_view.view == "plain"
+    choice = tools_view.action_positions(5)
+    assert tokenizer.decode([tools_view.ids[t] for t in choice]) == "message:"
+    # Its context is exactly what the auto request showed the model, and the choice is its
+    # first generated tokens.
+    # (Message 2's calls are rendered as generated, so compare from a row whose first
+    # action is the choice.)
+    assert tools_view.ids[:choice[0]][:50] == _ids(tokenizer, render_prompt(messages[:5], TOOLS,
+                                                                             "auto"))[:50]
+    first = [messages[0], messages[1], {**messages[5]}]
+    seq = render_row({"messages": first, "tools": TOOLS, "advantages": [None, None, 1.0]},
+                     tokenizer)[0]
+    at = seq.action_positions(2)
+    assert seq.ids[:at[0]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto"))
+    assert tools_view.advantages == {5: 0.5}
+    assert tokenizer.decode([tools_view.ids[t] for t in tools_view.action_positions(9)]) == ""
+    # The words themselves are the plain view's action, as before.
+    words = plain_view.action_positions(5)
+    assert tokenizer.decode([plain_view.ids[t] for t in words]) == "Both files are short.<|im_end|>"

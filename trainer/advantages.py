@@ -77,6 +77,8 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
             message["tool_calls"] = step.tool_calls
         if step.role == "tool":
             message.update(name=step.name or "", tool_call_id=step.tool_call_id or "")
+        if step.role == "assistant" and (step.meta or {}).get("choice") == "message":
+            message["choice"] = "message"  # chose words under the tool list (trainer.tokens)
         messages.append(message)
         value = None
         if step.role == "assistant" and i not in harness:

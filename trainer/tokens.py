@@ -43,7 +43,12 @@ prefix-preserving, so one sequence per rendering gives every action its exact
 context:
 
 - ``tools`` view (rows with tools): actions = assistant messages with tool
-  calls; observations counted here;
+  calls, and the choice ``message:`` of each text answer the model chose to
+  give under the tool list (the message's ``choice``, from the step's meta:
+  the ``auto`` request came back as words, and the ``none`` retry wrote
+  them). Without it the night could lower a wrong tool call but never raise
+  the choice to answer, and a 135M model under a tool list picks a tool for
+  "What is 3 times 9?" (bench/learning.py); observations counted here;
 - ``plain`` view: actions = text answers (all assistant messages when the row
   has no tools); observations counted here only when there is no tools view
   (no tools, or none called), so ECHO never sees a token twice. Otherwise it
@@ -172,9 +177,18 @@ def _assistant_as_rendered(sent: dict, tools: list[dict], i: int) -> list[_Segme
     return segs
 
 
+def _chose_words(message: dict) -> bool:
+    return message.get("choice") == "message" and not message.get("tool_calls")
+
+
 def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segment]:
-    """What the model produced: raw text, or llama-cpp's call-by-call sequence."""
+    """What the model produced: raw text, or llama-cpp's call-by-call sequence; under
+    the tool list, a text answer is its choice ``message:`` (the words came after,
+    from the plain view's request)."""
     calls = sent.get("tool_calls")
+    if not calls and tools:
+        return [_Segment("message:", ACTION, i),
+                _Segment("\n" + str(sent.get("content") or "") + END + "\n", IGNORE, -1)]
     if not calls:
         return [_Segment(str(sent.get("content") or ""), ACTION, i),
                 _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
@@ -227,7 +241,8 @@ def action_messages(messages: list[dict], tools: list[dict] | None, view: str,
     assistants = [i for i, m in enumerate(messages)
                   if m.get("role") == "assistant" and i not in harness]
     if view == "tools":
-        return {i for i in assistants if messages[i].get("tool_calls")} if tools else set()
+        return {i for i in assistants
+                if messages[i].get("tool_calls") or _chose_words(messages[i])} if tools else set()
     if view == "plain":
         return {i for i in assistants if not (tools and messages[i].get("tool_calls"))}
     raise ValueError(f"view must be 'tools' or 'plain', not {view!r}")

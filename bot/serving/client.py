@@ -81,6 +81,9 @@ class Reply:
     completion_tokens: int = 0
     duration_ms: float = 0.0
     model: str = ""
+    # "message": offered tools, the model chose to answer in words (its "message:" under
+    # the tool list, which the night trains as the choice it is); "" otherwise.
+    choice: str = ""
 
 
 class LLM:
@@ -196,6 +199,7 @@ class LLM:
             answer.duration_ms += reply.duration_ms
             answer.prompt_tokens += reply.prompt_tokens
             answer.completion_tokens += reply.completion_tokens
+            answer.choice = "message"
             return answer
         return reply
 
