@@ -21,6 +21,12 @@ how the night reads it:
 A turn stopped by a limit (steps, malformed calls) has no final answer: it is
 judged 0, a failure to learn from, not excluded.
 
+When no judged attempt of a task passed, its reference answer (``Task.reference``),
+once the task's check passes it, is recorded as one more episode of the group in a
+fresh channel ``...-reference``: the agent's own context, the reference as its
+answer (``Agent.demonstrate``), and a ``verifier_reward`` of 1 with check
+``reference``. A group that only failed would otherwise teach nothing relative.
+
 The run is a job row (kind ``practice``) whose progress holds tasks done /
 total and the mean reward so far; each task's end is also sent to the
 runtime's practice listeners (the console prints them). Its args hold the
@@ -238,5 +244,8 @@ def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int
              f"{sum(tally.unjudged.values())} unjudged (excluded from training)."]
     for why, count in sorted(tally.unjudged.items(), key=lambda kv: -kv[1])[:3]:
         lines.append(f"  unjudged x{count}: {why}")
+    if tally.demonstrated:
+        lines.append(f"{tally.demonstrated} tasks no attempt passed got their reference answer "
+                     "as an example (practice.demonstrate).")
     lines.append("The next night trains on these attempts with the checks' rewards.")
     return "\n".join(lines)
