@@ -17,7 +17,8 @@ runtime's announcers: Discord or the console). One run at a time.
   that agent only, on its own channel workers.
 - ``selfplay.daily`` (a time of day in ``sleep.time_zone``) starts a run of
   ``selfplay.rounds`` rounds once a day, announced in ``sleep.announce_channel``;
-  a time that passes while the bot is off or busy is not made up.
+  a time that passes while the bot is off is not made up, and a run already
+  going (or a night) uses up the day's time: the schedule never queues runs.
 """
 
 from __future__ import annotations
