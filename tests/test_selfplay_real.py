@@ -7,11 +7,17 @@ solved by both solvers and reported, and the run ends ``done``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
 from bot.config import Config
 from bot.runtime import Runtime
+from bot.selfplay.proposal import proposer_reward
+from bot.serving.client import LLM
+from bot.serving.supervisor import ServerSupervisor
+from tests.scripted import say
 
 
 @pytest.mark.slow
@@ -60,3 +66,63 @@ async def test_a_selfplay_round_through_the_real_server(tmp_path, served_gguf, f
         assert solvers == [] and len(invalid) == 2
     assert all(e.status in ("complete", "aborted") for e in episodes), \
         [(e.channel_id, e.status) for e in episodes]
+
+
+FOUR = "def reward(answer, workspace):\n    return 1.0 if '4' in answer else 0.0\n"
+
+
+@pytest.mark.slow
+async def test_real_solvers_on_a_valid_task_are_scored_in_the_sandbox_and_reported(
+        tmp_path, served_gguf, free_port):
+    """The proposer's first reply is canned (a valid task), so that the solver path runs
+    through the real server whatever the model proposes; the solvers, the check in the
+    sandbox and the proposer's reply to its report are real."""
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.model.gguf = served_gguf
+    config.model.hf_dir = served_gguf.parent / "smollm2-135m-instruct-hf"
+    config.server.port = free_port
+    config.agent.max_steps = 2
+    config.agent.tools = ["read_file", "write_file"]
+    config.agent.max_reply_tokens = 32
+    canned = json.dumps({"prompt": "What is 2 plus 2? Answer with only the number.",
+                         "check": {"python": FOUR}, "reference": "4"})
+
+    class CannedProposal:
+        def __init__(self, real: LLM) -> None:
+            self.real = real
+
+        async def chat(self, messages, **kwargs):
+            if messages[-1]["content"].startswith("Self-play round 1:"):
+                return say(canned)
+            return await self.real.chat(messages, **kwargs)
+
+        async def close(self) -> None:
+            await self.real.close()
+
+    supervisor = ServerSupervisor(config)
+    rt = await Runtime.start(config, supervisor=supervisor,
+                             llm=CannedProposal(LLM(config, supervisor)))
+    try:
+        await run_command(rt, Caller(0, (), "general", "console", local=True),
+                          "selfplay start", rounds=1, solvers=2)
+        await rt.selfplay.join()
+        rewards = [e["payload"] for e in await rt.store.events("verifier_reward")]
+        history = await rt.store.channel_history("selfplay-1-proposer", 100)
+        jobs = await rt.store.jobs("selfplay")
+    finally:
+        await rt.close()
+        await rt.llm.close()
+    assert jobs[0]["state"] == "done"
+    solvers = [r for r in rewards if r["role"] == "solver"]
+    proposer = [r for r in rewards if r["role"] == "proposer"]
+    assert len(solvers) == 2 and all(s["check"] == "selfplay-python" for s in solvers)
+    # The python check ran in the sandbox: 0 or 1 on a final answer, 0 for a stopped turn.
+    assert all(s["reward"] in (0.0, 1.0) for s in solvers), solvers
+    mean = sum(s["reward"] for s in solvers) / 2
+    assert proposer == [proposer[0]] and proposer[0]["valid"]
+    assert proposer[0]["reward"] == pytest.approx(proposer_reward(mean, 0.5, True))
+    report = [s.content for s in history if s.role == "user" and s.content.startswith(
+        "Self-play report, round 1")]
+    assert report and f"mean reward {mean:.2f}" in report[0]
+    assert any(s.role == "assistant" for s in history[-2:])  # the proposer answered it
