@@ -139,17 +139,19 @@ async def test_a_round_proposes_validates_solves_reports_and_rewards(tmp_path):
 async def test_a_kept_task_in_the_held_out_share_is_published_and_never_trained_on(tmp_path):
     prompt = next(p for p in (f"What is 6 times 7? (variant {i})" for i in range(50))
                   if _held_out(p))
-    script = Script([proposal({"exact": "42"}, prompt=prompt)], ["42", "41"])
+    # Round 1 finds it middling and keeps it; round 2 finds it easy: still the gate's item.
+    script = Script([proposal({"exact": "42"}, prompt=prompt)] * 2, ["42", "41", "42", "42"])
     rt, _ = await start(tmp_path, script, held_out_percent=90)
     try:
-        await play(rt, "/selfplay start 1 --solvers 2")
+        await play(rt, "/selfplay start 2 --solvers 2")
         rewards = await rt.store.events("verifier_reward")
     finally:
         await rt.close()
     solvers = by_role(rewards, "solver")
-    assert [s["reward"] for s in solvers] == [None, None]
+    assert [s["reward"] for s in solvers] == [None] * 4
     assert all("held out for the gate" in s["error"] for s in solvers)
-    assert by_role(rewards, "proposer")[0]["reward"] == 1.0  # the mean still rewards it
+    # The mean still rewards the proposer: 0.5 at round 1, 1.0 at round 2.
+    assert [p["reward"] for p in by_role(rewards, "proposer")] == [1.0, pytest.approx(0.2)]
     published = (rt.config.data_dir / "heldout" / "selfplay.jsonl").read_text().splitlines()
     assert [json.loads(line)["prompt"] for line in published] == [prompt]
 
@@ -274,3 +276,28 @@ async def test_the_daily_schedule_starts_once_a_day_and_skips_a_missed_time(tmp_
     assert first is None and third is None
     assert second.startswith("Self-play #1 started") and fourth.startswith("Self-play #2 started")
     assert [j["state"] for j in jobs] == ["done", "done"]
+
+
+def test_a_proposal_is_read_leniently_from_the_models_reply():
+    from bot.selfplay.proposal import ProposalError, parse_proposal
+
+    bare = parse_proposal('Sure! {"task": "Add 2 and 3.", "check": {"exact": "5"}, '
+                          '"answer": 5} Hope it helps {not json')
+    assert (bare.prompt, bare.check.kind, bare.check.value, bare.reference) == \
+        ("Add 2 and 3.", "exact", "5", "5")
+    fenced = parse_proposal('{"prompt": "Say 42.", "reference": "42"}\n```python\n'
+                            + ANSWER_42 + "```")
+    assert fenced.check.kind == "python" and fenced.check.code == ANSWER_42
+    inline = parse_proposal(json.dumps({"question": "Say 42.", "check": ANSWER_42,
+                                        "solution": "42"}))
+    assert inline.check.code == ANSWER_42 and inline.id == fenced.id  # same task, same id
+    assert inline.set_check() == {"python": f"selfplay/{inline.id}.py"}
+    for reply, why in [("", "no JSON object"), ('{"prompt": ""}', "empty"),
+                       ('{"prompt": "p", "check": {"exact": "1"}}', "reference"),
+                       ('{"prompt": "p", "reference": "1"}', "the \"check\" must be"),
+                       ('{"prompt": "p", "check": {"python": "x = 1"}, "reference": "1"}',
+                        "must define reward"),
+                       ("{" * 100_000, "no JSON object"),
+                       ('{"prompt": ' + "[" * 19_000, "no JSON object")]:
+        with pytest.raises(ProposalError, match=why):
+            parse_proposal(reply)

@@ -140,7 +140,9 @@ class SelfplayConfig(_Section):
         0.5, ge=0, le=1, description="the solvers' mean reward the proposer aims for (0..1)"
     )
     solvers: int = Field(4, ge=1, le=16, description="solver attempts per task by default (1..16)")
-    rounds: int = Field(1, ge=1, le=100, description="rounds per /selfplay start by default (1..100)")
+    rounds: int = Field(
+        1, ge=1, le=100, description="rounds per /selfplay start by default (1..100)"
+    )
     max_tries: int = Field(
         3, ge=1, le=10, description="proposals a round may try before it gives up (1..10)"
     )

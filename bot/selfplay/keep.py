@@ -36,12 +36,18 @@ def set_path(data_dir: Path) -> Path:
     return data_dir / "practice" / f"{SET_NAME}.jsonl"
 
 
+def in_set(data_dir: Path, task_id: str) -> bool:
+    """Whether the growing set holds the task. Blocking: call it in a thread."""
+    path = set_path(data_dir)
+    return path.is_file() and any(t.id == task_id for t in load_set(path).tasks)
+
+
 def keep_task(data_dir: Path, proposal: Proposal, held_out_percent: int) -> bool:
     """Append ``proposal`` to the growing set and republish its held-out items.
     False when the set already holds it. Blocking: call it in a thread."""
     path = set_path(data_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_file() and any(t.id == proposal.id for t in load_set(path).tasks):
+    if in_set(data_dir, proposal.id):
         return False
     if proposal.check.kind == "python":
         check_file = path.parent / proposal.set_check()["python"]

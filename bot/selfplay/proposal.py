@@ -117,7 +117,7 @@ def _first_object(text: str) -> dict | None:
             tries += 1
             try:
                 item, _ = decoder.raw_decode(body, start)
-            except ValueError:
+            except (ValueError, RecursionError):  # malformed, or nested past the stack
                 item = None
             if isinstance(item, dict) and any(k in item for k in _PROMPT_KEYS):
                 return item

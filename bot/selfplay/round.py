@@ -39,12 +39,12 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bot.agent import Agent, TurnResult
+from bot.agent import TurnResult
 from bot.channels import ChannelWorkers
 from bot.practice.checks import Verdict, judge
 from bot.practice.runner import attempt_verdict
 from bot.practice.sets import is_held_out
-from bot.selfplay.keep import is_middling, keep_task
+from bot.selfplay.keep import in_set, is_middling, keep_task
 from bot.selfplay.proposal import FORMAT, Proposal, ProposalError, parse_proposal, \
     proposer_reward
 
@@ -101,9 +101,9 @@ class Outcome:
 class Round:
     """One round of run ``run``; ``play`` does it all and returns its Outcome."""
 
-    def __init__(self, rt: Runtime, agent: Agent, workers: ChannelWorkers, run: int,
-                 number: int, solvers: int) -> None:
-        self.rt, self.agent, self.workers = rt, agent, workers
+    def __init__(self, rt: Runtime, workers: ChannelWorkers, run: int, number: int,
+                 solvers: int) -> None:
+        self.rt, self.workers = rt, workers
         self.settings = rt.config.selfplay
         self.run, self.number, self.solvers = run, number, solvers
         self.proposer = proposer_channel(run)
@@ -118,7 +118,7 @@ class Round:
         out.rewards = [v.reward for v, _ in verdicts if v.judged]
         out.unjudged = sum(not v.judged for v, _ in verdicts)
         out.kept = is_middling(out.mean, self.settings.target, self.settings.keep_band)
-        out.held_out = out.kept and is_held_out(proposal.id, self.rt.config.practice.held_out_percent)
+        out.held_out = await self._held_out(proposal)
         for k, (verdict, episode) in enumerate(verdicts):
             await self._solver_reward(proposal, k, verdict, episode)
         out.proposer = proposer_reward(out.mean, self.settings.target, True)
@@ -240,6 +240,19 @@ class Round:
         await self.rt.store.add_event(channel, episode, "verifier_reward", data)
 
     # -- records ------------------------------------------------------------------
+
+    async def _held_out(self, proposal: Proposal) -> bool:
+        """Whether the task is (or is about to be) a held-out item of the kept set: a
+        task kept earlier stays the gate's even when this round found it easy or hard."""
+        if not is_held_out(proposal.id, self.rt.config.practice.held_out_percent):
+            return False
+        if self.outcome.kept:
+            return True
+        try:
+            return await asyncio.to_thread(in_set, self.rt.config.data_dir, proposal.id)
+        except (OSError, ValueError) as exc:  # unreadable: never risk training on the gate's item
+            logger.error("self-play cannot read its set: %s", exc)
+            return True
 
     async def _keep(self, proposal: Proposal) -> None:
         try:

@@ -117,7 +117,7 @@ class SelfPlay:
         await rt.store.update_job(run, state="running", progress=_progress(outcomes, rounds))
         try:
             for number in range(1, rounds + 1):
-                outcome = await Round(rt, agent, workers, run, number, solvers).play()
+                outcome = await Round(rt, workers, run, number, solvers).play()
                 outcomes.append(outcome)
                 await rt.store.update_job(run, progress=_progress(outcomes, rounds))
                 await rt.announce(channel, f"self-play #{run} {outcome.line()}")
