@@ -301,3 +301,28 @@ def test_a_proposal_is_read_leniently_from_the_models_reply():
                        ('{"prompt": ' + "[" * 19_000, "no JSON object")]:
         with pytest.raises(ProposalError, match=why):
             parse_proposal(reply)
+
+
+async def test_a_practice_run_is_a_round_in_progress_too(tmp_path):
+    """A due night waits for practice as for self-play: the run registers while it runs."""
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"id": "add", "prompt": "2+2?", "check": {"exact": "4"}}) + "\n")
+    seen: list[list[str]] = []
+    box: list[Runtime] = []
+
+    def script(messages, kwargs):
+        seen.append(box[0].rounds.names())
+        return say("4")
+
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(script), start_server=False)
+    box.append(rt)
+    try:
+        await run_command(rt, ADMIN, "practice", file=str(path), samples=2)
+        after = rt.rounds.busy
+    finally:
+        await rt.close()
+    assert seen == [["practice #1"]] * 2 and not after
