@@ -326,3 +326,25 @@ async def test_a_practice_run_is_a_round_in_progress_too(tmp_path):
     finally:
         await rt.close()
     assert seen == [["practice #1"]] * 2 and not after
+
+
+async def test_no_sandbox_ends_the_round_without_blaming_the_proposer(tmp_path):
+    from sandbox.process import SandboxUnavailable
+
+    script = Script([proposal({"python": ANSWER_42})], ["42"])
+    rt, _ = await start(tmp_path, script)
+
+    async def unavailable(*args, **kwargs):
+        raise SandboxUnavailable("bubblewrap is not installed")
+
+    rt.spaces.services["sandbox"].run = unavailable
+    try:
+        _, said = await play(rt, "/selfplay start 1 --solvers 2")
+        rewards = await rt.store.events("verifier_reward")
+    finally:
+        await rt.close()
+    proposer = by_role(rewards, "proposer")
+    assert [(p["reward"], p["valid"]) for p in proposer] == [(None, True)]
+    assert "bubblewrap is not installed" in proposer[0]["error"]
+    assert by_role(rewards, "solver") == [] and len(script.told) == 1  # no observation sent
+    assert any("no valid task after 1 tries (the check cannot run" in t for _, t in said)

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("nightshift.selfplay")
 DUMMY_ANSWER = "I don't know."
+CANNOT_RUN = "the check cannot run"  # bot.practice.checks' verdict without a sandbox
 PROPOSER_CHECK = "selfplay-proposer"
 PROPOSER_SECTION = (
     "Self-play: you are the proposer. Invent one task that you expect to solve about half of "
@@ -62,6 +63,10 @@ PROPOSER_SECTION = (
     "from 0 to 1 (answer is the solver's final answer as a string, workspace the path of its "
     "folder), or {\"exact\": TEXT}, or {\"regex\": PATTERN} matching the whole answer. The "
     "reference is an answer that passes your check; a wrong answer must not pass.")
+
+
+class CannotCheck(Exception):
+    """No check can run here (no sandbox): the round ends, and nobody is rewarded."""
 
 
 @dataclass
@@ -143,7 +148,12 @@ class Round:
             if result is None:
                 return None, episodes
             episodes.append(result.episode_id)
-            why = await self._check_proposal(result)
+            try:
+                why = await self._check_proposal(result)
+            except CannotCheck as exc:  # the harness's failure, not the proposer's: no reward
+                self.outcome.error = str(exc)
+                await self._proposer_reward(result.episode_id, "", None, str(exc))
+                return None, episodes
             if isinstance(why, Proposal):
                 self.outcome.proposal = why
                 return why, episodes
@@ -184,6 +194,8 @@ class Round:
         task, sandbox = proposal.task(), ctx.services["sandbox"]
         timeout = self.rt.config.practice.check_timeout_s
         dummy = await judge(task, DUMMY_ANSWER, ctx.workspace, sandbox, timeout)
+        if not dummy.judged and dummy.why.startswith(CANNOT_RUN):
+            raise CannotCheck(dummy.why)
         if not dummy.judged:
             return f"on a dummy answer ({DUMMY_ANSWER!r}) {dummy.why}"
         passing = self.settings.pass_reward
