@@ -348,3 +348,23 @@ async def test_no_sandbox_ends_the_round_without_blaming_the_proposer(tmp_path):
     assert "bubblewrap is not installed" in proposer[0]["error"]
     assert by_role(rewards, "solver") == [] and len(script.told) == 1  # no observation sent
     assert any("no valid task after 1 tries (the check cannot run" in t for _, t in said)
+
+
+async def test_a_proposer_stopped_by_the_step_limit_is_told_so(tmp_path):
+    from tests.scripted import call
+
+    def script(messages, kwargs):
+        if messages[-1]["role"] == "user" and messages[-1]["content"].startswith("Your proposal"):
+            return say("ok")
+        return call("list_dir", {"path": "."})
+
+    rt, llm = await start(tmp_path, script, max_tries=1)
+    rt.config.agent.max_steps = 2  # the practice agent copies the config when a run starts
+    try:
+        await play(rt, "/selfplay start")
+        rewards = await rt.store.events("verifier_reward")
+    finally:
+        await rt.close()
+    told = [m[-1]["content"] for m, _ in llm.calls if m[-1]["role"] == "user"]
+    assert told[-1].startswith("Your proposal cannot be used: your turn stopped at a limit")
+    assert [(p["reward"], p["valid"]) for p in by_role(rewards, "proposer")] == [(0.0, False)]

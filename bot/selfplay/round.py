@@ -185,6 +185,9 @@ class Round:
 
     async def _check_proposal(self, result: TurnResult) -> Proposal | str:
         """The proposal, or why it is invalid (the observation to send)."""
+        if not result.ok:  # aborted: the step limit, or malformed tool calls in a row
+            return ("your turn stopped at a limit before a final answer. Reply with the JSON "
+                    f"object itself (no tool is needed), like: {FORMAT}")
         try:
             proposal = await asyncio.to_thread(parse_proposal, result.reply)
         except ProposalError as exc:
