@@ -22,7 +22,9 @@ Sub-packages, one concern each:
   watch that follows it, releases: promote and rollback, the sleep schedule
   and the rounds in progress it waits for);
 - ``bot.discord_front``: the Discord front end (app, access rules, rendering,
-  slash commands made from ``bot.commands``).
+  slash commands made from ``bot.commands``);
+- ``bot.selfplay``: ``/selfplay``: proposer and solver rounds on practice's
+  checks, the proposer's reward, the growing self-play practice set.
 
 Import rules (``tests/test_layout.py`` checks them):
 

@@ -103,6 +103,9 @@ async def run_bot(config: Config) -> int:
                     return str(exc)
 
             await run_console(turn, console_commands(rt), renderer, sys.stdin)
+            if rt.selfplay is not None and rt.selfplay.running:  # piped input ends at once
+                renderer.info("self-play is still running; waiting for its end (Ctrl-C stops it)")
+                await rt.selfplay.join()
             await finish_nights(rt, renderer)
     finally:
         await rt.close()

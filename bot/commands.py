@@ -147,6 +147,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             (Arg("file", FilePath, "the practice set: a JSONL file of {id, prompt, check}"),
              Arg("samples", int, "attempts per task (default: practice.samples)",
                  required=False))),
+    Command("selfplay start", "self-play: the agent proposes tasks with checks, solvers try them",
+            lambda rt, c, rounds=None, solvers=None: rt.selfplay.start(rounds, solvers, c.channel),
+            (Arg("rounds", int, "rounds to play (default: selfplay.rounds)", required=False),
+             Arg("solvers", int, "solver attempts per task (default: selfplay.solvers)",
+                 required=False))),
+    Command("selfplay stop", "stop the running self-play", lambda rt, c: rt.selfplay.stop()),
 )}
 
 

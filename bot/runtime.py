@@ -27,6 +27,7 @@ from bot.night.jobs import ACTIVE
 from bot.night.releases import Releases, serve_live
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
+from bot.selfplay.runs import SelfPlay
 from bot.serving.supervisor import ServerSupervisor
 from bot.storage.store import Store
 from bot.swarm import Swarms
@@ -148,6 +149,7 @@ class Runtime:
     rounds: Rounds = field(default_factory=Rounds)  # rounds in progress; a night waits for them
     swarms: Swarms | None = None
     schedule: SleepSchedule | None = None
+    selfplay: SelfPlay | None = None  # /selfplay start|stop, and its daily schedule
     # Front ends listen here for what the bot says on its own: (channel key or "", text).
     announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
     # Front ends add a callable here to show /practice's progress lines as they come.
@@ -199,6 +201,9 @@ class Runtime:
                  night, stack)
         rt.swarms = Swarms(board, workers, rt.rounds, rt.announce)
         stack.push_async_callback(rt.swarms.close)
+        rt.selfplay = SelfPlay(rt)
+        stack.push_async_callback(rt.selfplay.close)
+        rt.selfplay.start_schedule()
         rt.schedule = _schedule(rt)
         activity.append(rt.schedule.note_activity)
         stack.push_async_callback(rt.schedule.close)

@@ -87,6 +87,8 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
                     "Swarm team started on board post #1: 2 of 2 channels are working on it."),
     "swarm stop": ({"swarm": "team"}, "Swarm team's task is cleared"),
     "practice": ({"file": "/no/such/set.jsonl"}, "practice: cannot read the practice set"),
+    "selfplay start": ({"rounds": 0}, "selfplay start: ROUNDS must be between 1 and 100"),
+    "selfplay stop": ({}, "No self-play is running."),
 }
 
 
@@ -161,6 +163,10 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
     (["practice"], {"file": "/no/such/set.jsonl", "samples": 2},
      [{"name": "file", "type": 3, "value": "/no/such/set.jsonl"},
       {"name": "samples", "type": 4, "value": 2}], "practice: cannot read the practice set"),
+    (["selfplay", "start"], {"rounds": 1, "solvers": 99},
+     [{"name": "rounds", "type": 4, "value": 1}, {"name": "solvers", "type": 4, "value": 99}],
+     "selfplay start: --solvers must be between 1 and 16"),
+    (["selfplay", "stop"], {}, [], "No self-play is running."),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -182,10 +188,12 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
                                           "label", "forget", "sys", "restart-server",
-                                          "notes-clean", "notes-wipe", "swarm", "practice"}
+                                          "notes-clean", "notes-wipe", "swarm", "practice",
+                                          "selfplay"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
     assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}
+    assert {c.name for c in tree_command(h.bot, ["selfplay"]).commands} == {"start", "stop"}
 
 
 @pytest.mark.parametrize("path,kwargs,options,expected", SLASH_CASES, ids=SLASH_IDS)

@@ -36,7 +36,7 @@ from bot.config.sections import (  # noqa: F401 - re-exported: callers import th
     WatchdogConfig,
     _Section,
 )
-from bot.config.routines import NotesHygieneConfig, SleepConfig, SwarmsConfig
+from bot.config.routines import NotesHygieneConfig, SelfplayConfig, SleepConfig, SwarmsConfig
 
 class Config(_Section):
     paths: PathsConfig = Field(default_factory=PathsConfig)
@@ -52,6 +52,7 @@ class Config(_Section):
     notes_hygiene: NotesHygieneConfig = Field(default_factory=NotesHygieneConfig)
     swarms: SwarmsConfig = Field(default_factory=SwarmsConfig)
     practice: PracticeConfig = Field(default_factory=PracticeConfig)
+    selfplay: SelfplayConfig = Field(default_factory=SelfplayConfig)
 
     # Where the config came from; None means embedded defaults.
     _source: Path | None = PrivateAttr(None)

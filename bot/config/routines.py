@@ -133,3 +133,32 @@ class SwarmsConfig(_Section):
                                      f"{swarm.name!r}; a channel may be in one swarm only")
                 seen[channel] = swarm.name
         return self
+
+
+class SelfplayConfig(_Section):
+    target: float = Field(
+        0.5, ge=0, le=1, description="the solvers' mean reward the proposer aims for (0..1)"
+    )
+    solvers: int = Field(4, ge=1, le=16, description="solver attempts per task by default (1..16)")
+    rounds: int = Field(
+        1, ge=1, le=100, description="rounds per /selfplay start by default (1..100)"
+    )
+    max_tries: int = Field(
+        3, ge=1, le=10, description="proposals a round may try before it gives up (1..10)"
+    )
+    pass_reward: float = Field(
+        1.0, gt=0, le=1, description="the least reward the reference answer must get (0 < x <= 1)"
+    )
+    keep_band: float = Field(
+        0.5, ge=0, le=1, description="how far from the target a kept task's mean may be (0..1)"
+    )
+    daily: str = Field(
+        "", description='a time of day like "14:00" (in sleep.time_zone) to run self-play, or ""'
+    )
+
+    @field_validator("daily")
+    @classmethod
+    def _daily(cls, value: str) -> str:
+        if value.strip():
+            parse_clock(value)
+        return value

@@ -137,6 +137,7 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
     agent = practice_agent(rt)
     workers = ChannelWorkers(agent.turn, queue_size=samples)
     state = "failed"
+    rt.rounds.add(f"practice #{run}")  # a due night waits for the run to end
     try:
         for task in practised:
             verdicts = await asyncio.gather(*(
@@ -154,6 +155,7 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
         state = "cancelled"
         raise
     finally:
+        rt.rounds.discard(f"practice #{run}")
         await workers.close()
         await rt.store.update_job(run, state=state)
     return _summary(run, pset, tally, samples, len(held))
@@ -173,7 +175,7 @@ async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task
         verdict, episode = Verdict(None, f"the turn failed: {exc}"), None
     else:
         episode = result.episode_id
-        verdict = await _verdict(rt, channel, task, result)
+        verdict = await attempt_verdict(rt, channel, task, result)
     # The trainer's contract (trainer/rewards.py): one event kind; reward None = unjudged.
     data = {"task": task.id, "task_id": task.id, "set": pset.name, "group": group,
             "check": task.check.kind}
@@ -206,7 +208,9 @@ async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
     return True
 
 
-async def _verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:
+async def attempt_verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:
+    """An attempt's verdict: its check on a final answer; 0 for a turn stopped by a limit;
+    unjudged for a harness or server error (self-play's solvers use it too)."""
     if not result.ok:
         episodes = await rt.store.episodes_since(0, channel)
         status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
