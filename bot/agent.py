@@ -52,6 +52,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     yes_no,
 )
 from bot.serving.client import LLM, LLMError, Reply
+from bot.serving.wire import needs_tool_choice
 from bot.storage.store import Step, Store, StoredStep
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
@@ -163,8 +164,10 @@ class Agent:
         episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
             Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
             Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
-        await self._store(episode, Step(role="assistant", content=answer,
-                                        meta={"demonstration": True, "choice": "message"}))
+        meta = {"demonstration": True}
+        if self.tools.schemas() and needs_tool_choice(self.config.model.chat_format):
+            meta["choice"] = "message"  # as if chosen under the tool list (trainer.tokens)
+        await self._store(episode, Step(role="assistant", content=answer, meta=meta))
         await self.store.end_episode(episode, "complete")
         return episode
 

@@ -107,6 +107,8 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     assert [s.role for s in example.steps] == ["system", "user", "assistant"]
     assert example.steps[-1].content == "7" and example.steps[-1].meta["demonstration"]
     assert example.steps[0].meta["tools_ref"]
+    # Under the default (function-calling) format the answer counts as the choice of words.
+    assert example.steps[-1].meta["choice"] == "message"
     assert "1 shown by example" in lines[-1]
     # Twelve fresh channels, one episode each: no attempt saw another's history.
     assert len({e.channel_id for e in episodes.values()}) == len(episodes) == 13
