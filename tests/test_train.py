@@ -272,3 +272,13 @@ def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, 
     result = T.train(_rows(), base_dir, tmp_path, T.Settings(min_steps=3, progress=False),
                      on_step=events.append)
     assert result.steps == 3 and [e["weight"] for e in events] == [1.0, 1.0, 1.0]
+
+
+def test_gradient_checkpointing_auto_is_on_for_big_checkpoints_only(tmp_path):
+    from trainer.sleep import checkpointing
+
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
+    assert not checkpointing("auto", tmp_path) and checkpointing("on", tmp_path)
+    with open(tmp_path / "model.safetensors", "r+b") as f:  # a sparse 1 GiB file
+        f.truncate(1 << 30)
+    assert checkpointing("auto", tmp_path) and not checkpointing("off", tmp_path)

@@ -40,6 +40,17 @@ from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
 
+def checkpointing(setting: str, base_dir: Path) -> bool:
+    """Gradient checkpointing recomputes each layer's activations in the backward pass
+    (about a third more compute) to hold only one layer's at a time. A model under
+    ~250M parameters (1 GB in float32) holds them all in a few hundred MB, so "auto"
+    saves the time there and the memory above it."""
+    if setting != "auto":
+        return setting == "on"
+    size = sum(f.stat().st_size for f in Path(base_dir).glob("*.safetensors"))
+    return size >= 1 << 30
+
+
 class Cancelled(Exception):
     """The job was cancelled (``/wake``)."""
 
@@ -109,7 +120,8 @@ class Night:
                             micro_batch=t.micro_batch, epochs=t.epochs, steps=t.steps or None,
                             min_steps=t.min_steps,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
-                            seed=self.config.night.seed, progress=False)
+                            seed=self.config.night.seed, progress=False,
+                            gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir))
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)
 

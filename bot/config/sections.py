@@ -334,6 +334,9 @@ class TrainConfig(_Section):
     max_tokens: int = Field(
         0, ge=0, description="the longest training sequence; 0 = model.context_tokens"
     )
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field(
+        "auto", description='"auto", "on" or "off"; auto = on for checkpoints of 1 GB or more'
+    )
 
     @field_validator("max_tokens")
     @classmethod
