@@ -119,6 +119,24 @@ async def test_the_judge_skips_channels_a_check_rewarded_but_reads_every_labelle
     assert result.agreement["verifier"]["uncovered"] == 3
 
 
+async def test_a_checked_attempt_always_trains_whatever_the_eval_share(store, tmp_path,
+                                                                         embedder):
+    for k in range(6):
+        episode, _, _ = await tool_episode(store, f"practice-{k}")
+        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+                              {"reward": 1.0 * (k % 2), "check": "exact", "group": "g"})
+        await tool_episode(store, f"chat-{k}")
+    server = await serve(always(1))
+    try:
+        result, _ = await run(config_for(tmp_path, eval_percent=50), store, server, embedder)
+    finally:
+        await server.stop()
+    rows = [json.loads(line) for line in result.dataset.read_text().splitlines()]
+    splits = {r["channel"]: r["split"] for r in rows if r["kind"] == "episode"}
+    assert all(splits[f"practice-{k}"] == "train" for k in range(6))
+    assert "eval" in {splits[f"chat-{k}"] for k in range(6)}  # the share applies to the rest
+
+
 async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp_path, embedder):
     good, _, _ = await tool_episode(store, "good")
     await store.add_label(good, "accepted", "reaction")

@@ -6,7 +6,8 @@ run (``check-failed``: see ``trainer.rewards``; unless a person labelled it),
 or it holds a secret. Everything else is learnt from: a ``rejected`` episode
 is a negative example, and an ``aborted`` one (the agent hit the step limit)
 a failure with a negative reward. The train/eval split is a hash of the
-episode id, so it never changes between nights. The manifest records every
+episode id, so it never changes between nights; an episode a check rewarded
+always trains (practice sets hold their own items out for the gate). The manifest records every
 row's hash and the counts, so a night's data can be audited and compared later.
 """
 
@@ -99,7 +100,10 @@ async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
             excluded[reason] += 1
         else:
             kept.append(episode)
-    split = {e.id: split_of(e.id, eval_percent) for e in kept}
+    # A checked attempt (practice) always trains: its set holds its own items out for the
+    # gate, and an eval share of a task's group would drop its example or its baseline.
+    split = {e.id: "train" if e.id in verified and verified[e.id].reward is not None
+             else split_of(e.id, eval_percent) for e in kept}
     return Collection(since, kept, split, excluded,
                       {e.id: verified[e.id] for e in kept if e.id in verified})
 
