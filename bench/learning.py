@@ -15,9 +15,9 @@ Steps, all through the real agent, llama.cpp server, sandbox and trainer:
    episodes since the practice began (the "before" answers are not trained
    on); its stages are timed from the job's states;
 4. after: the night's release is promoted (``/promote``: the server swaps to
-   it) and the held-out items are answered again. This measures the
-   candidate even when the gate refused it; the gate's decision is printed
-   beside it, and a refused candidate would not serve in the product;
+   it) and the held-out items are answered again. A release the gate refused
+   is swapped in all the same, only to measure it (the product would not serve
+   it); the gate's decision is printed beside the figures;
 5. per family: before %, after %, delta in pp (an item counts when its check
    gives 1.0), the mean delta, the night's wall time by stage, the rows and
    steps trained, and the gate's decision with its reasons.
@@ -146,6 +146,20 @@ async def night(rt: Runtime, since: float, timeout_s: float) -> dict:
     return {"job": job, "wall_s": time.monotonic() - started, "stages": stages}
 
 
+async def serve_candidate(rt: Runtime, release_id: int) -> str:
+    """Serve the night's release: promoted when the gate passed it; when it refused, the
+    server is swapped to it all the same, only to measure it (the product would not)."""
+    release = next(r for r in await rt.store.releases() if r["id"] == release_id)
+    if release["state"] == "candidate":
+        return await rt.releases.promote(release_id)
+    gguf = Path(release["meta"].get("gguf") or release["path"])
+    lora = Path(release["meta"]["lora"]) if release["meta"].get("lora") else None
+    await rt.supervisor.swap(gguf, lora=lora, mode="blue-green",
+                             reason=f"bench: measure release #{release_id}")
+    return (f"Release #{release_id} is {release['state']} (the gate's decision below); "
+            "served anyway to measure it, as the product would not.")
+
+
 async def run(args: argparse.Namespace, work: Path) -> dict:
     sets, probes = write_sets(work, args)
     config = load_config(write_config(work, args, probes))
@@ -174,7 +188,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
         result["night"] = await night(rt, since, args.night_timeout)
         release_id = result["night"]["job"]["progress"].get("release_id")
         if release_id is not None:
-            print("  " + await rt.releases.promote(release_id), flush=True)
+            print("  " + await serve_candidate(rt, release_id), flush=True)
             for family, pset in held.items():
                 result["after"][family] = await evaluate(rt, pset, "after")
     finally:
