@@ -48,17 +48,27 @@ async def test_practice_through_the_real_server_records_a_verdict_per_attempt(
     finally:
         await rt.close()
     assert "2 tasks x 2 samples" in answer.text, answer.text
-    assert len(episodes) == 4 and all(e.status in ("complete", "aborted") for e in episodes)
+    # A task none of whose attempts passed is shown its reference answer as one more
+    # episode (practice.demonstrate); only "add" has one (its exact check's text).
+    shown = [e for e in episodes if e.channel_id.endswith("-reference")]
+    attempts = [e for e in episodes if e not in shown]
+    assert len(attempts) == 4 and all(e.status in ("complete", "aborted") for e in attempts)
     assert unjudged == [], unjudged
-    status = {e.id: e.status for e in episodes}
+    status = {e.id: e.status for e in attempts}
     by_task: dict[str, list[tuple[str, float]]] = {}
     for event in rewards:
         data = event["payload"]
+        if event["episode_id"] not in status:
+            assert data["check"] == "reference" and data["reward"] == 1.0, data
+            continue
         assert data["group"] == f"real:{data['task_id']}:1"
         by_task.setdefault(data["task_id"], []).append((status[event["episode_id"]],
                                                         data["reward"]))
     assert sorted(by_task) == ["add", "file"] and all(len(v) == 2 for v in by_task.values())
     assert {r for _, r in by_task["add"]} <= {0.0, 1.0}
+    add_passed = any(r == 1.0 for _, r in by_task["add"])
+    assert [e.channel_id.startswith("practice-real-add") for e in shown] == (
+        [] if add_passed else [True]), shown
     # The python check ran in the sandbox on each completed turn (0.5 says it saw
     # /workspace); a turn stopped by the step limit has no answer and scores 0.
     assert all(r == (0.5 if s == "complete" else 0.0) for s, r in by_task["file"])
