@@ -113,18 +113,15 @@ def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
+_STORED_FIELDS = (*STEP_FIELDS, "id", "episode_id", "channel_id", "seq", "created_at")
+
+
 def stored_step(row: sqlite3.Row) -> StoredStep:
-    values = {name: row[name] for name in STEP_FIELDS}
+    values = dict(zip(row.keys(), row))
+    values = {name: values[name] for name in _STORED_FIELDS}
     values["tool_calls"] = loads(values["tool_calls"])
     values["meta"] = loads(values["meta"])
-    return StoredStep(
-        **values,
-        id=row["id"],
-        episode_id=row["episode_id"],
-        channel_id=row["channel_id"],
-        seq=row["seq"],
-        created_at=row["created_at"],
-    )
+    return StoredStep(**values)
 
 
 # The seq is computed inside the INSERT, so concurrent writers (even from two
