@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from bot.config import Config
+from bot.serving.chat_format import resolve_async
 from bot.storage.embedder import MiniLMEmbedder
 from bot.storage.store import Store
 from trainer.client import JsonClient
@@ -109,7 +110,8 @@ class Night:
                             micro_batch=t.micro_batch, epochs=t.epochs, steps=t.steps or None,
                             min_steps=t.min_steps,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
-                            seed=self.config.night.seed, progress=False)
+                            seed=self.config.night.seed, progress=False,
+                            chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)
 

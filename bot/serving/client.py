@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from bot.config import Config
+from bot.serving.chat_format import chat_format_name
 from bot.serving.wire import needs_tool_choice, server_messages
 
 logger = logging.getLogger("nightshift.llm")
@@ -177,7 +178,7 @@ class LLM:
         **kw: Any,
     ) -> Reply:
         """One chat completion; extra keywords go to the server unchanged."""
-        chat_format = self.config.model.chat_format
+        chat_format = chat_format_name(self.config)
         params: dict[str, Any] = {"model": self.config.model.alias,
                                   "messages": server_messages(messages, chat_format), **kw}
         optional = {
