@@ -139,7 +139,12 @@ def choose(template: str | None) -> ChatFormat:
 
 
 _cache: dict[tuple[str, int, int], ChatFormat] = {}
-_latest: dict[str, ChatFormat] = {}  # by path: what requests use without touching the disk
+# By what decides the served GGUF: what requests use, with no path built and no disk read.
+_latest: dict[tuple, ChatFormat] = {}
+
+
+def _where(config: Config) -> tuple:
+    return config.model.gguf, config.model.hf_dir, config.paths.data_dir
 
 
 def resolve(config: Config) -> ChatFormat:
@@ -157,7 +162,7 @@ def resolve(config: Config) -> ChatFormat:
     key = (str(gguf), stat.st_mtime_ns, stat.st_size)
     if key not in _cache:
         _cache[key] = choose(read_chat_template(gguf))
-    _latest[str(gguf)] = _cache[key]
+    _latest[_where(config)] = _cache[key]
     return _cache[key]
 
 
@@ -171,5 +176,5 @@ def chat_format_name(config: Config) -> str:
     name = config.model.chat_format
     if name != AUTO:
         return name
-    cached = _latest.get(str(config.served_gguf))
+    cached = _latest.get(_where(config))
     return cached.name if cached is not None else resolve(config).name

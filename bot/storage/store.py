@@ -270,12 +270,17 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
             raise ValueError(f"limit must be >= 0, got {limit}")
 
         def op(db: sqlite3.Connection) -> list[StoredStep]:
-            return [stored_step(r) for r in db.execute(
+            cursor = db.cursor()
+            cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
+            rows = cursor.execute(
                 # A join, not "NOT IN (forgotten episodes)": that scanned every episode
-                # on every turn; this reads the last ``limit`` steps by index.
-                "SELECT * FROM (SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
-                "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?) "
-                "ORDER BY id", (channel_id, limit))]
+                # on every turn; this reads the last ``limit`` steps by index, newest
+                # first, and they are put in order here rather than sorted by SQLite.
+                "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
+                "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
+                (channel_id, limit)).fetchall()
+            names = [column[0] for column in cursor.description]
+            return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
 
         return await self._commits.run(op)
 
