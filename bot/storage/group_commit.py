@@ -76,33 +76,44 @@ class GroupCommit:
             raise RuntimeError("the store is closed")
         future = asyncio.get_running_loop().create_future()
         self._pending.append((op, future))
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="store-group-commit")
         self._wake.set()
         return await future
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._pending:
-                batch = [(op, f) for op, f in self._pending[:MAX_BATCH] if not f.cancelled()]
-                del self._pending[:MAX_BATCH]
-                if not batch:
-                    continue
-                # Never cancelled (close() waits for it): a batch taken is a batch answered.
-                results = await loop.run_in_executor(self._executor, self._commit,
-                                                     [op for op, _ in batch])
-                for (_, future), (ok, value) in zip(batch, results):
-                    if future.done():
+        batch: list[tuple[Operation, asyncio.Future]] = []
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._pending:
+                    batch = [(op, f) for op, f in self._pending[:MAX_BATCH] if not f.cancelled()]
+                    del self._pending[:MAX_BATCH]
+                    if not batch:
                         continue
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-            if self._closed:
-                return
+                    # Not cancelled by close(), which waits: a batch taken is a batch answered.
+                    results = await loop.run_in_executor(self._executor, self._commit,
+                                                         [op for op, _ in batch])
+                    for (_, future), (ok, value) in zip(batch, results):
+                        if future.done():
+                            continue
+                        if ok:
+                            future.set_result(value)
+                        else:
+                            future.set_exception(value)
+                    batch = []
+                if self._closed:
+                    return
+        except BaseException:
+            # Cancelled with the loop, or a bug here: no caller may wait forever, and none
+            # is told its operation was committed (a taken batch may or may not have been).
+            for _, future in batch + self._pending:
+                if not future.done():
+                    future.set_exception(RuntimeError("the store's commit task stopped"))
+            self._pending.clear()
+            raise
 
     # -- on the commit thread ---------------------------------------------------
 
