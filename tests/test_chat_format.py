@@ -91,9 +91,12 @@ def test_a_broken_header_fails_clearly(tmp_path):
                     + (1).to_bytes(8, "little") + (2**40).to_bytes(8, "little"))
     with pytest.raises(GGUFHeaderError, match="out of bounds"):
         read_chat_template(bad)
-    (tmp_path / "text.gguf").write_text("not a model")
+    (tmp_path / "text.gguf").write_text("not a model, but long enough to be read")
     with pytest.raises(GGUFHeaderError, match="not a GGUF"):
         read_chat_template(tmp_path / "text.gguf")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(GGUFHeaderError, match="too short"):
+        read_chat_template(tmp_path / "empty.gguf")
 
 
 def test_the_server_command_and_the_client_use_the_resolved_format(tmp_path):

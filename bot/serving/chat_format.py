@@ -74,6 +74,8 @@ class GGUFHeaderError(ValueError):
 
 def read_chat_template(path: Path) -> str | None:
     """The GGUF's ``tokenizer.chat_template`` (None if it has none), from the header only."""
+    if Path(path).stat().st_size < 24:
+        raise GGUFHeaderError(f"{path} is too short to be a GGUF file")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
             raise GGUFHeaderError(f"{path} is not a GGUF file")
