@@ -66,7 +66,9 @@ def write_agent_view(rt: Runtime) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not path.is_file():
-        partial = path.with_name(path.name + ".partial")
+        # A name of its own per writer: two /sleeps at once write the same view in two
+        # threads, and a shared partial file was replaced from under the second one.
+        partial = path.with_name(f"{path.name}.{os.urandom(4).hex()}.partial")
         partial.write_text(text)
         os.replace(partial, path)
     return path

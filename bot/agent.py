@@ -136,6 +136,7 @@ class Agent:
         self.progress: Callable[[str, str], None] = lambda channel, text: None
         # More system-prompt sections, by channel ("" adds none): e.g. a swarm member's task.
         self.prompt_hooks: list[Callable[[str], str]] = []
+        self._schemas_sized: tuple[object, int] = (None, 0)  # (tool list, its token estimate)
 
     # -- the turn -------------------------------------------------------------
 
@@ -384,11 +385,7 @@ class Agent:
         """Compact older messages into a summary when the context would overflow."""
         agent = self.config.agent
         budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
-        # The server renders each tool's name and parameter schema into the prompt.
-        rendered = [(t["function"]["name"], t["function"].get("parameters"))
-                    for t in self.tools.schemas()]
-        schema_tokens = estimate_tokens([{"content": json.dumps(rendered)}])
-        if estimate_tokens(messages) + schema_tokens <= budget:
+        if estimate_tokens(messages) + self._schema_tokens() <= budget:
             return messages
         system, rest = messages[0], messages[1:]
         keep = recent_start(rest, agent.keep_recent_messages)
@@ -399,6 +396,15 @@ class Agent:
         await self.store.add_event(channel, episode, "compaction",
                                    {"messages": len(old), "summary": summary})
         return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
+
+    def _schema_tokens(self) -> int:
+        """The tool list's share of the prompt: the server renders each tool's name and
+        parameter schema. Cached per list object (the registry hands out one per tool set)."""
+        schemas = self.tools.schemas()
+        if self._schemas_sized[0] is not schemas:
+            rendered = [(t["function"]["name"], t["function"].get("parameters")) for t in schemas]
+            self._schemas_sized = (schemas, estimate_tokens([{"content": json.dumps(rendered)}]))
+        return self._schemas_sized[1]
 
     async def _summarise(self, old: list[dict]) -> str:
         transcript = "\n".join(f"{m['role']}: {text_of(m.get('content'))[:2000]}" for m in old)

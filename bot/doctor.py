@@ -15,6 +15,7 @@ from typing import Awaitable, Callable
 
 from bot.config import Config, masked_dump
 from bot.model_pair import check_pair
+from bot.serving.chat_format import resolve_async
 from bot.serving.client import LLM
 from bot.serving.supervisor import ServerSupervisor
 from sandbox.paths import Workspace
@@ -45,6 +46,12 @@ async def check_model_pair(config: Config) -> tuple[bool, str]:
     if not gguf.is_file() or not (hf / "config.json").is_file():
         return False, "needs both model files (see the line above)"
     return await asyncio.to_thread(check_pair, gguf, hf)
+
+
+async def check_chat_format(config: Config) -> tuple[bool, str]:
+    """What model.chat_format resolves to, and why (bot.serving.chat_format)."""
+    choice = await resolve_async(config)
+    return True, f"{choice.name}: {choice.reason}"
 
 
 async def check_server(config: Config) -> tuple[bool, str]:
@@ -105,6 +112,7 @@ async def check_disk(config: Config) -> tuple[bool, str]:
 CHECKS: list[tuple[str, Check]] = [
     ("model files", check_model_files),
     ("model pair", check_model_pair),
+    ("chat format", check_chat_format),
     ("server start and canary", check_server),
     ("bubblewrap", check_bubblewrap),
     ("chromadb and embedder", check_embedder),

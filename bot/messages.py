@@ -57,7 +57,8 @@ def text_of(content: str | list | None) -> str:
 
 
 def estimate_tokens(messages: list[dict]) -> int:
-    chars = sum(len(text_of(m.get("content"))) + len(json.dumps(m.get("tool_calls") or []))
+    chars = sum(len(text_of(m.get("content")))
+                + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 2)  # "[]"
                 for m in messages)
     return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
 

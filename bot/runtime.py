@@ -22,6 +22,7 @@ from bot import admin, hygiene
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers, RuleStrayDetector
 from bot.config import Config
+from bot.serving.chat_format import resolve_async
 from bot.serving.client import LLM
 from bot.night.jobs import ACTIVE
 from bot.night.releases import Releases, serve_live
@@ -162,6 +163,7 @@ class Runtime:
         stack = AsyncExitStack()
         try:
             store = await Store.open(config.store_path)
+            await resolve_async(config)  # the chat format, before any request (chat_format.py)
             stack.push_async_callback(store.close)
             supervisor = supervisor or ServerSupervisor(config)
             serving = await serve_live(store, supervisor)  # what serves is what is live

@@ -246,3 +246,22 @@ async def test_other_chat_formats_are_sent_unchanged(scripted):
         await llm.chat([tool_message], tools=TOOLS)
     assert "tool_choice" not in server.requests[0] and len(server.requests) == 1
     assert server.requests[0]["messages"] == [tool_message]
+
+
+async def test_an_unreadable_answer_is_an_llm_error_quoting_it(free_port):
+    from aiohttp import web
+
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(text="<html>proxy error</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", garbage)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", free_port).start()
+    try:
+        async with LLM(config(), base_url=f"http://127.0.0.1:{free_port}/v1") as llm:
+            with pytest.raises(LLMError, match="no readable choice: <html>proxy error"):
+                await llm.chat([{"role": "user", "content": "q"}])
+    finally:
+        await runner.cleanup()

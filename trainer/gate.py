@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from bot.config import Config
+from bot.serving.chat_format import resolve_async
 from bot.storage.store import Store
 from trainer.client import JsonClient
 from trainer.gate_items import (
@@ -236,7 +237,7 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     # gate_items.ask_like_agent): each one fills the context before it fails, and 4,096
     # tokens still hold the agent's prompt with the full tool list (about 3,300) and an
     # answer. A longer request fails alike on both sides, as an empty answer.
-    chat_format = config.model.chat_format
+    chat_format = (await resolve_async(config)).name  # as the bot resolves it
     n_ctx = min(config.model.context_tokens, GATE_CONTEXT)
     max_tokens = min(config.agent.max_reply_tokens, GATE_MAX_TOKENS)
     client = JsonClient.for_config(config)

@@ -30,6 +30,7 @@ import traceback
 from pathlib import Path
 
 from bot.config import Config
+from bot.serving.chat_format import resolve_async
 from bot.storage.embedder import MiniLMEmbedder
 from bot.storage.store import Store
 from trainer.client import JsonClient
@@ -121,7 +122,8 @@ class Night:
                             min_steps=t.min_steps,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
                             seed=self.config.night.seed, progress=False,
-                            gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir))
+                            gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir),
+                            chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)
 

@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.losses import echo_loss, oapl_loss
-from trainer.tokens import ACTION, OBSERVATION, render_row
+from trainer.tokens import ACTION, FUNCTION_CALLING, OBSERVATION, render_row
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -92,6 +92,8 @@ class Settings:
     steps: int | None = None  # optimizer steps; overrides epochs and min_steps when set
     min_steps: int = 16  # the fewest optimizer steps when steps is unset (epochs repeat)
     max_tokens: int = 8192  # longer sequences are cut; the night passes the served context
+    # The format the server used (bot.serving.chat_format): rows render as it rendered them.
+    chat_format: str = FUNCTION_CALLING
     seed: int = 0
     chunk: int = 512  # positions per lm_head + log-softmax chunk
     lora_r: int = 16
@@ -133,7 +135,8 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list
     for row in rows:
         if row.get("split", "train") != "train":
             continue
-        for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens):
+        for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens,
+                              chat_format=settings.chat_format):
             example = _example(seq)
             if example.terms or bool(example.obs.any()):
                 examples.append(example)
@@ -410,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--chat-format", default=defaults.chat_format,
+                        help="the chat format the server used (python -m bot doctor says which)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = parser.parse_args(argv)
     settings = Settings(**{k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__},

@@ -83,9 +83,10 @@ class ModelConfig(_Section):
         False, description="true only for a model that accepts images (view_image attaches them)"
     )
     chat_format: str = Field(
-        "chatml-function-calling",
+        "auto",
         min_length=1,
-        description="a llama_cpp.server chat format, e.g. chatml-function-calling",
+        description="auto (chosen from the GGUF's chat template; `python -m bot doctor` "
+        "says which and why) or a llama_cpp.server chat format, e.g. chatml-function-calling",
     )
 
 

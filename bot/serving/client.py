@@ -1,12 +1,12 @@
-"""AsyncOpenAI client for the local model server.
+"""The HTTP client for the local model server's OpenAI-compatible chat API.
 
 One ``LLM.chat`` call returns a ``Reply`` with the text, the tool calls in
 OpenAI's format (arguments left as the raw string the model wrote: parsing
 them is the agent's job, and a malformed string is the model's error to see),
 the usage and the duration.
 
-The openai client's own retries are off: they would hammer a server that is
-restarting. Instead a request that fails because the server is unreachable,
+Retries are ours, not a library's: blind ones would hammer a server that is
+restarting. A request that fails because the server is unreachable,
 timed out or answered 5xx waits for the supervisor's ready event and is sent
 again, a bounded number of times. While the supervisor says the server is not
 ready (a restart, a restart-mode swap), a request queues before it is sent,
@@ -24,6 +24,12 @@ JSON cached per tool list: the registry hands out one list object per tool
 set, and 40 schemas cost ~1 ms to serialise, more than the rest of a turn's
 harness work (bench/agent.py). A tool list must not be changed in place
 after it was sent; a new list is a new cache entry.
+
+The transport is a plain aiohttp session (one keep-alive pool, the URL given
+with each request) and the answer is read as JSON into a ``Reply``. The openai
+SDK did the same with ~1 ms of Python per request (typed request building,
+httpx/anyio layers, pydantic response models): most of the harness's own cost
+per turn (bench/agent.py). The wire format is OpenAI's either way.
 """
 
 from __future__ import annotations
@@ -38,16 +44,27 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import openai
-from openai.types.chat import ChatCompletion
+import aiohttp
 
 from bot.config import Config
+from bot.serving.chat_format import chat_format_name
 from bot.serving.wire import needs_tool_choice, server_messages
 
 logger = logging.getLogger("nightshift.llm")
 
-# What a restarting server produces; APITimeoutError is a subclass of APIConnectionError.
-_RETRYABLE = (openai.APIConnectionError, openai.InternalServerError)
+_HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer local"}
+
+
+class ServerError(Exception):
+    """A 5xx answer: the server is failing or restarting, so the request is sent again."""
+
+    def __init__(self, status: int, data: bytes) -> None:
+        super().__init__(f"{status} {_error_text(data)}")
+        self.status_code = status
+
+
+# What a restarting server produces: refused or dropped connections, timeouts, 5xx.
+_RETRYABLE = (aiohttp.ClientError, TimeoutError, ServerError)
 
 
 class LLMError(RuntimeError):
@@ -103,8 +120,7 @@ class LLM:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self._fixed_url = base_url
-        self._client: openai.AsyncOpenAI | None = None
-        self._retired: list[openai.AsyncOpenAI] = []
+        self._http: aiohttp.ClientSession | None = None
         self._in_flight: Counter[str] = Counter()  # base URL without trailing "/" -> requests
         self._tools_json: dict[int, tuple[list, str]] = {}  # id(tools) -> (tools, its JSON)
         register = getattr(supervisor, "register_client", None)
@@ -121,33 +137,21 @@ class LLM:
             return self.supervisor.base_url
         return self._fixed_url or self.config.base_url
 
-    def _current_client(self) -> openai.AsyncOpenAI:
-        url = self.base_url
-        if self._client is None or str(self._client.base_url).rstrip("/") != url.rstrip("/"):
-            if self._client is not None:
-                # Requests may still be draining on the old server; _close_drained closes it.
-                self._retired.append(self._client)
-                logger.info("model server moved to %s", url)
-            self._client = openai.AsyncOpenAI(
-                base_url=url,
-                api_key="local",  # the local server ignores it, but the client requires one
-                max_retries=0,
-                timeout=self.config.server.request_timeout_s,
+    def _session(self) -> aiohttp.ClientSession:
+        # One session (a keep-alive pool per host and port) for every server we talk to:
+        # the URL goes with each request, so a swap to another port needs no new session.
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(
                 # Local traffic must not go through a proxy from the environment.
-                http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=self.config.server.request_timeout_s),
+                connector=aiohttp.TCPConnector(limit=0),  # the channels bound concurrency
             )
-        return self._client
-
-    async def _close_drained(self) -> None:
-        """Close the clients of servers we moved away from, once nothing is in flight there."""
-        drained = [c for c in self._retired if not self.in_flight(str(c.base_url))]
-        self._retired = [c for c in self._retired if c not in drained]
-        for client in drained:
-            await client.close()
+        return self._http
 
     @contextlib.contextmanager
-    def _sending(self, client: openai.AsyncOpenAI) -> Iterator[None]:
-        url = str(client.base_url).rstrip("/")
+    def _sending(self, url: str) -> Iterator[None]:
+        url = url.rstrip("/")
         self._in_flight[url] += 1
         try:
             yield
@@ -157,10 +161,9 @@ class LLM:
                 del self._in_flight[url]
 
     async def close(self) -> None:
-        clients = [*self._retired, *([self._client] if self._client else [])]
-        self._client, self._retired = None, []
-        for client in clients:
-            await client.close()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
 
     async def __aenter__(self) -> LLM:
         return self
@@ -178,7 +181,7 @@ class LLM:
         **kw: Any,
     ) -> Reply:
         """One chat completion; extra keywords go to the server unchanged."""
-        chat_format = self.config.model.chat_format
+        chat_format = chat_format_name(self.config)
         params: dict[str, Any] = {"model": self.config.model.alias,
                                   "messages": server_messages(messages, chat_format), **kw}
         optional = {
@@ -217,25 +220,22 @@ class LLM:
         return f'{rest[:-1]}, "tools": {cached[1]}}}'.encode()
 
     async def _complete(self, params: dict[str, Any]) -> Reply:
-        await self._close_drained()
         body = self._body(params)
         for attempt in range(1, self.attempts + 1):
             await self._until_ready(attempt - 1)
             # No await from here until the request is counted: a swap that moves the
             # supervisor after this point finds it in flight on the URL it was sent to.
-            client = self._current_client()
+            url = self.base_url
             started = time.monotonic()
             try:
-                with self._sending(client):
-                    # client.post, not chat.completions.create: create() first walks the
-                    # request through the SDK's typed transform, ~10 ms for 40 tool schemas
-                    # (the harness's largest cost per turn, bench/agent.py); same JSON sent.
-                    completion = await client.post("/chat/completions", content=body,
-                                                   cast_to=ChatCompletion)
+                with self._sending(url):
+                    status, data = await self._post(url, body)
+                if status >= 500:
+                    raise ServerError(status, data)
             except _RETRYABLE as exc:
                 if attempt == self.attempts:
                     raise LLMError(
-                        f"the model server at {client.base_url} failed {attempt} times; "
+                        f"the model server at {url} failed {attempt} times; "
                         f"last error: {_describe(exc)}",
                         attempts=attempt,
                         status_code=getattr(exc, "status_code", None),
@@ -245,16 +245,20 @@ class LLM:
                     attempt, self.attempts, _describe(exc),
                 )  # fmt: skip
                 await self._wait_for_server(attempt)
-            except openai.APIStatusError as exc:
-                # 4xx: the request itself is wrong (e.g. too long); sending it again cannot help.
-                raise LLMError(
-                    f"the model server refused the request: {_describe(exc)}",
-                    attempts=attempt,
-                    status_code=exc.status_code,
-                ) from exc
             else:
-                return _reply(completion, (time.monotonic() - started) * 1000, attempt)
+                if status >= 400:
+                    # The request itself is wrong (e.g. too long); sending it again cannot help.
+                    raise LLMError(
+                        f"the model server refused the request: {status} {_error_text(data)}",
+                        attempts=attempt, status_code=status)
+                return _reply(data, (time.monotonic() - started) * 1000, attempt)
         raise AssertionError("unreachable")
+
+    async def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
+        """POST the chat request; the status and the raw answer (parsed by the caller)."""
+        async with self._session().post(f"{url.rstrip('/')}/chat/completions", data=body,
+                                        headers=_HEADERS) as response:
+            return response.status, await response.read()
 
     async def _until_ready(self, attempts: int) -> None:
         """Queue while the supervisor says the server is away; ``attempts`` made so far."""
@@ -289,29 +293,37 @@ class LLM:
                 ) from exc
 
 
-def _reply(completion: Any, duration_ms: float, attempt: int) -> Reply:
-    if not completion.choices:
-        raise LLMError("the model server answered with no choices", attempts=attempt)
-    choice = completion.choices[0]
-    message = choice.message
+def _reply(data: bytes, duration_ms: float, attempt: int) -> Reply:
+    try:
+        completion = json.loads(data)
+        choice = completion["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise LLMError(f"the model server answered with no readable choice: "
+                       f"{_error_text(data)}", attempts=attempt) from exc
     tool_calls = [
         {
-            "id": call.id,
+            "id": call.get("id"),
             "type": "function",
-            "function": {"name": call.function.name, "arguments": call.function.arguments},
+            "function": {"name": call["function"]["name"],
+                         "arguments": call["function"].get("arguments", "")},
         }
-        for call in message.tool_calls or []
+        for call in message.get("tool_calls") or []
     ]
-    usage = completion.usage
+    usage = completion.get("usage") or {}
     return Reply(
-        content=message.content or "",
+        content=message.get("content") or "",
         tool_calls=tool_calls,
-        finish_reason=choice.finish_reason,
-        prompt_tokens=usage.prompt_tokens if usage else 0,
-        completion_tokens=usage.completion_tokens if usage else 0,
+        finish_reason=choice.get("finish_reason"),
+        prompt_tokens=usage.get("prompt_tokens") or 0,
+        completion_tokens=usage.get("completion_tokens") or 0,
         duration_ms=duration_ms,
-        model=completion.model or "",
+        model=completion.get("model") or "",
     )
+
+
+def _error_text(data: bytes) -> str:
+    return data[:300].decode("utf-8", "replace")
 
 
 def _describe(exc: Exception) -> str:

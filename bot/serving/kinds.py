@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bot.config import Config
+from bot.serving.chat_format import chat_format_name
 
 
 class ServerStartError(RuntimeError):
@@ -59,7 +60,7 @@ class LlamaCppPython:
             "--model", str(gguf),
             "--host", host,
             "--port", str(port),
-            "--chat_format", config.model.chat_format,
+            "--chat_format", chat_format_name(config),  # resolved off the loop by Runtime.start
             "--n_ctx", str(config.model.context_tokens),
             "--model_alias", config.model.alias,
             # Its default (true) keeps every prompt token's logits: 640 MiB written per

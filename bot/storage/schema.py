@@ -113,18 +113,20 @@ def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def stored_step(row: sqlite3.Row) -> StoredStep:
-    values = {name: row[name] for name in STEP_FIELDS}
+_STORED_FIELDS = (*STEP_FIELDS, "id", "episode_id", "channel_id", "seq", "created_at")
+
+
+def stored_step(row: sqlite3.Row | dict) -> StoredStep:
+    """A step from its row (a ``sqlite3.Row``, or a dict of column -> value)."""
+    values = row if isinstance(row, dict) else dict(zip(row.keys(), row))
+    values = {name: values[name] for name in _STORED_FIELDS}
     values["tool_calls"] = loads(values["tool_calls"])
     values["meta"] = loads(values["meta"])
-    return StoredStep(
-        **values,
-        id=row["id"],
-        episode_id=row["episode_id"],
-        channel_id=row["channel_id"],
-        seq=row["seq"],
-        created_at=row["created_at"],
-    )
+    # The values are exactly the fields, so __init__'s 16 keywords are skipped: a turn
+    # reads ~20 steps of history back, and this is most of that cost (bench/agent.py).
+    step = object.__new__(StoredStep)
+    step.__dict__.update(values)
+    return step
 
 
 # The seq is computed inside the INSERT, so concurrent writers (even from two

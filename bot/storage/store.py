@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiosqlite
 
+from bot.storage.group_commit import GroupCommit
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
@@ -56,6 +57,13 @@ __all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 _BUSY_TIMEOUT_MS = 10_000
 
 
+def _missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
+    row = db.execute("SELECT status FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+    if row is None:
+        return ValueError(f"no episode {episode_id}")
+    return ValueError(f"episode {episode_id} is already {row['status']}, not open")
+
+
 class Store(NightLedger, ToolSets, LabelBook, JobBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
@@ -66,6 +74,8 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         self._schema_version = schema_version
         self._lock = asyncio.Lock()
         self._closed = False
+        # The turns' steps, ends, events and history reads: batched (bot.storage.group_commit).
+        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -73,8 +83,10 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
     async def open(cls, path: Path | str) -> Store:
         """Open (creating directories and file if needed) and migrate the store."""
         path = str(path)
-        if path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if path == ":memory:":  # refused before anything is opened
+            raise ValueError("the store must be a file (bot.storage.group_commit opens a "
+                             "second connection to it)")
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: sqlite3 must not open transactions behind our
         # back; single statements autocommit, multi-statement work uses _write.
         db = await aiosqlite.connect(path, isolation_level=None)
@@ -92,7 +104,7 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         await db.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
         async with db.execute("PRAGMA journal_mode = WAL") as cur:
             mode = (await cur.fetchone())[0]
-        if mode.lower() != "wal" and path != ":memory:":
+        if mode.lower() != "wal":
             raise RuntimeError(f"store {path}: could not enable WAL (journal_mode is {mode})")
         # synchronous=NORMAL. In WAL mode a COMMIT has write()n its frames to
         # the -wal file before it returns; NORMAL only skips the fsync, which
@@ -111,6 +123,7 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         if self._closed:
             return
         self._closed = True
+        await self._commits.close()
         async with self._lock:
             await self._db.close()
 
@@ -162,12 +175,6 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         # SELECTs that must agree while another process keeps writing.
         return self._transaction("BEGIN")
 
-    async def _missing_or_closed(self, episode_id: int) -> ValueError:
-        rows = await self._fetch("SELECT status FROM episodes WHERE id = ?", (episode_id,))
-        if not rows:
-            return ValueError(f"no episode {episode_id}")
-        return ValueError(f"episode {episode_id} is already {rows[0]['status']}, not open")
-
     # -- channels and episodes ------------------------------------------------
 
     async def ensure_channel(self, channel_id: str, name: str = "") -> None:
@@ -206,36 +213,37 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         for step in steps:
             check_step(step)
         now = time.time()
-        async with self._write() as db:
-            await db.execute(
+
+        def op(db: sqlite3.Connection) -> tuple[int, list[StoredStep]]:
+            db.execute(
                 "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) "
                 "DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
                 (channel_id, name, now))
-            cur = await db.execute(  # the release that serves it: the live one (see start_episode)
+            episode_id = db.execute(  # the release that serves it: the live one (start_episode)
                 "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
                 "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
-                (channel_id, now, model_version))
-            episode_id = cur.lastrowid
-            stored = []
-            for step in steps:
-                rows = await db.execute_fetchall(INSERT_STEP, step_values(step, episode_id))
-                stored.append(stored_step(rows[0]))
-        return episode_id, stored
+                (channel_id, now, model_version)).lastrowid
+            return episode_id, [stored_step(db.execute(INSERT_STEP, step_values(
+                step, episode_id)).fetchone()) for step in steps]
+
+        return await self._commits.run(op)
 
     async def end_episode(self, episode_id: int, status: str) -> None:
         """Close an open episode. Ending it twice is refused: two owners of one
         episode is a harness bug, and the second status would hide the first."""
         check(status, (s for s in EPISODE_STATUSES if s != "open"), "episode status")
-        rows = await self._fetch(
-            "UPDATE episodes SET status = ?, ended_at = ? WHERE id = ? AND status = 'open' "
-            "RETURNING id",
-            (status, time.time(), episode_id),
-        )
-        if not rows:
-            raise await self._missing_or_closed(episode_id)
+        ended = time.time()
+
+        def op(db: sqlite3.Connection) -> None:
+            if not db.execute(
+                    "UPDATE episodes SET status = ?, ended_at = ? WHERE id = ? AND status = 'open' "
+                    "RETURNING id", (status, ended, episode_id)).fetchall():
+                raise _missing_or_closed(db, episode_id)
+
+        await self._commits.run(op)
 
     async def add_step(self, episode_id: int, step: Step) -> StoredStep:
-        """Append a step and commit it before returning.
+        """Append a step and return it once it is committed (group commit).
 
         The seq is computed inside the same INSERT, so concurrent writers (even
         from two processes) can never give one episode a gap or a duplicate;
@@ -244,23 +252,37 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         stored trajectory differ from the one that was labelled.
         """
         check_step(step)
-        rows = await self._fetch(INSERT_STEP, step_values(step, episode_id))
-        if not rows:
-            raise await self._missing_or_closed(episode_id)
-        return stored_step(rows[0])
+        values = step_values(step, episode_id)
+
+        def op(db: sqlite3.Connection) -> StoredStep:
+            row = db.execute(INSERT_STEP, values).fetchone()
+            if row is None:
+                raise _missing_or_closed(db, episode_id)
+            return stored_step(row)
+
+        return await self._commits.run(op)
 
     async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps across episodes, oldest first; forgotten
-        episodes are left out."""
+        episodes are left out. Read in the group commit's queue: it sees every step
+        acknowledged before it was asked, and costs no hop of its own."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        rows = await self._fetch(
-            "SELECT * FROM (SELECT * FROM steps WHERE channel_id = ? AND episode_id NOT IN "
-            "(SELECT id FROM episodes WHERE forgotten_at IS NOT NULL) ORDER BY id DESC LIMIT ?) "
-            "ORDER BY id",
-            (channel_id, limit),
-        )
-        return [stored_step(r) for r in rows]
+
+        def op(db: sqlite3.Connection) -> list[StoredStep]:
+            cursor = db.cursor()
+            cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
+            rows = cursor.execute(
+                # A join, not "NOT IN (forgotten episodes)": that scanned every episode
+                # on every turn; this reads the last ``limit`` steps by index, newest
+                # first, and they are put in order here rather than sorted by SQLite.
+                "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
+                "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
+                (channel_id, limit)).fetchall()
+            names = [column[0] for column in cursor.description]
+            return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
+
+        return await self._commits.run(op)
 
     async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:
         """Episodes started or ended at or after ``since``, with steps and labels.
@@ -318,16 +340,19 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         (e.g. a stray end-of-turn), for the night to turn into signals."""
         nonempty(channel_id, "channel_id")
         nonempty(kind, "event kind")
-        payload_json = dumps(payload, "event payload")
-        rows = await self._fetch(
-            "INSERT INTO events (channel_id, episode_id, kind, payload, created_at) "
-            "SELECT ?, ?, ?, ?, ? WHERE ? IS NULL OR EXISTS (SELECT 1 FROM episodes WHERE id = ?) "
-            "RETURNING id",
-            (channel_id, episode_id, kind, payload_json, time.time(), episode_id, episode_id),
-        )
-        if not rows:
-            raise ValueError(f"no episode {episode_id}")
-        return rows[0]["id"]
+        values = (channel_id, episode_id, kind, dumps(payload, "event payload"), time.time(),
+                  episode_id, episode_id)
+
+        def op(db: sqlite3.Connection) -> int:
+            row = db.execute(
+                "INSERT INTO events (channel_id, episode_id, kind, payload, created_at) "
+                "SELECT ?, ?, ?, ?, ? WHERE ? IS NULL OR EXISTS "
+                "(SELECT 1 FROM episodes WHERE id = ?) RETURNING id", values).fetchone()
+            if row is None:
+                raise ValueError(f"no episode {episode_id}")
+            return row["id"]
+
+        return await self._commits.run(op)
 
     async def events(self, kind: str | None = None, since: float = 0.0,
                      episode_id: int | None = None) -> list[dict]:

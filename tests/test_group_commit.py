@@ -1,0 +1,110 @@
+"""Group commit: many channels' steps in one transaction, each acknowledged only once
+committed; one failing operation does not take the others with it."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from bot.storage.group_commit import GroupCommit
+from bot.storage.store import Step, Store
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await Store.open(tmp_path / "store.db")
+    yield s
+    await s.close()
+
+
+def count_steps(path) -> int:
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT COUNT(*) FROM steps").fetchone()[0]
+
+
+async def test_concurrent_channels_steps_share_transactions_and_all_are_stored(store, tmp_path):
+    episodes = [(await store.start_turn(f"ch{i}", None, [Step(role="user", content="hi")]))[0]
+                for i in range(20)]
+    before = store._commits.batches
+    stored = await asyncio.gather(*(store.add_step(e, Step(role="assistant", content=f"a{e}"))
+                                    for e in episodes))
+    assert [s.content for s in stored] == [f"a{e}" for e in episodes]
+    assert all(s.seq == 1 for s in stored)
+    # 20 steps queued in the same loop iteration: far fewer transactions than steps
+    assert store._commits.batches - before < 20
+    assert count_steps(tmp_path / "store.db") == 40  # committed: another connection sees them
+
+
+async def test_a_failing_operation_is_rolled_back_alone(store, tmp_path):
+    open_ep, _ = await store.start_turn("a", None, [Step(role="user", content="hi")])
+    ended, _ = await store.start_turn("b", None, [Step(role="user", content="hi")])
+    await store.end_episode(ended, "complete")
+    results = await asyncio.gather(
+        store.add_step(open_ep, Step(role="assistant", content="kept")),
+        store.add_step(ended, Step(role="assistant", content="refused")),
+        store.add_event("a", open_ep, "note", {"x": 1}),
+        return_exceptions=True)
+    assert results[0].content == "kept"
+    assert isinstance(results[1], ValueError) and "already complete" in str(results[1])
+    assert isinstance(results[2], int)
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        contents = [r[0] for r in db.execute("SELECT content FROM steps ORDER BY id")]
+    assert contents == ["hi", "hi", "kept"]
+
+
+async def test_a_read_sees_the_writes_queued_before_it(store):
+    episode, _ = await store.start_turn("c", None, [Step(role="user", content="one")])
+    write = asyncio.ensure_future(store.add_step(episode, Step(role="assistant", content="two")))
+    await asyncio.sleep(0)  # the write is queued (not yet committed) when the read is asked
+    history = await store.channel_history("c", 10)
+    await write
+    assert [s.content for s in history] == ["one", "two"]
+
+
+async def test_nothing_is_acknowledged_when_the_commit_fails(tmp_path):
+    path = tmp_path / "store.db"
+    store = await Store.open(path)
+    try:
+        episode, _ = await store.start_turn("d", None, [Step(role="user", content="hi")])
+        # Another connection holds the write lock past the busy timeout: BEGIN fails, so
+        # every operation of the batch hears it and none is stored.
+        await store._commits.run(lambda db: db.execute("PRAGMA busy_timeout = 50"))
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            results = await asyncio.gather(
+                store.add_step(episode, Step(role="assistant", content="x")),
+                store.add_step(episode, Step(role="assistant", content="y")),
+                return_exceptions=True)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert all(isinstance(r, sqlite3.OperationalError) for r in results)
+        assert "locked" in str(results[0])
+        assert count_steps(path) == 1
+        # and the queue keeps working once the lock is free
+        assert (await store.add_step(episode, Step(role="assistant", content="z"))).seq == 1
+    finally:
+        await store.close()
+
+
+async def test_close_commits_what_is_queued_then_refuses(tmp_path):
+    store = await Store.open(tmp_path / "store.db")
+    episode, _ = await store.start_turn("e", None, [Step(role="user", content="hi")])
+    pending = [asyncio.ensure_future(store.add_step(episode, Step(role="tool", content=str(i))))
+               for i in range(5)]
+    await asyncio.sleep(0)
+    await store.close()
+    assert [p.result().seq for p in pending] == [1, 2, 3, 4, 5]
+    assert count_steps(tmp_path / "store.db") == 6
+    with pytest.raises(RuntimeError, match="closed"):
+        await store.add_step(episode, Step(role="tool", content="late"))
+
+
+def test_an_in_memory_store_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="must be a file"):
+        GroupCommit(":memory:", 1000)
+    with pytest.raises(ValueError, match="must be a file"):
+        asyncio.run(Store.open(":memory:"))
