@@ -33,7 +33,7 @@ async def runtime(work: Path, script=None, **config_fields) -> AsyncIterator[Run
         await rt.close()
 
 
-async def call(rt: Runtime, channel: str, name: str, **arguments) -> ToolResult:
+async def call(rt: Runtime, channel: str, name: str, /, **arguments) -> ToolResult:
     """A tool call as the agent makes it: through the registry, in the channel's context."""
     return await rt.registry.call(name, arguments, rt.spaces.context(channel))
 
