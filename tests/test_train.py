@@ -272,3 +272,14 @@ def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, 
     result = T.train(_rows(), base_dir, tmp_path, T.Settings(min_steps=3, progress=False),
                      on_step=events.append)
     assert result.steps == 3 and [e["weight"] for e in events] == [1.0, 1.0, 1.0]
+
+
+def test_a_missing_base_checkpoint_is_a_clear_error_not_a_hub_lookup(tmp_path, capsys):
+    """transformers took the missing folder for a hub repo id and said only that (issue 11)."""
+    with pytest.raises(FileNotFoundError, match="the base checkpoint .*/nothing is missing"):
+        T.train(_rows(), tmp_path / "nothing", tmp_path / "out")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in _rows()))
+    with pytest.raises(SystemExit) as caught:
+        T.main(["--data", str(data), "--base", str(tmp_path / "nothing"), "--out", str(tmp_path)])
+    assert caught.value.code == 2 and "nothing is missing" in capsys.readouterr().err

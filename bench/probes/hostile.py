@@ -143,11 +143,16 @@ async def _configs(tally: Tally, work: Path) -> None:
         message = str(exc)
     tally.check("the server with a missing GGUF: a clear error, nothing started",
                 "no-such.gguf" in message and supervisor.pid is None, message[:200])
-    done = subprocess.run([sys.executable, "-m", "trainer.train", "--data", "/no/rows.jsonl",
+    from tests.test_train import _rows
+
+    rows = work / "rows.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in _rows()))
+    done = subprocess.run([sys.executable, "-m", "trainer.train", "--data", str(rows),
                            "--base", "/no/base", "--out", str(work / "out")], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
-    tally.check("the trainer with a missing checkpoint exits with an error naming the file",
-                done.returncode != 0 and "/no/" in done.stderr[-600:], done.stderr[-200:])
+    tally.check("the trainer with a missing checkpoint: one line naming it, no traceback",
+                done.returncode == 2 and "the base checkpoint /no/base is missing" in done.stderr
+                and "Traceback" not in done.stderr, done.stderr[-300:])
 
 
 async def _malformed(tally: Tally, work: Path) -> None:
