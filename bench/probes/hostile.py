@@ -43,7 +43,10 @@ PARSE_CASES = {  # bench/hostile.py's case -> (seconds, bot MB, worker MB) at mo
 
 async def _parsing(tally: Tally) -> None:
     for case, (seconds, bot_mb, worker_mb) in PARSE_CASES.items():
+        # Through a shell that forks it: a process exec'd straight from this one would
+        # inherit this process's peak RSS as its own ru_maxrss (Linux keeps it over exec).
         done = await asyncio.create_subprocess_exec(
+            "/bin/sh", "-c", '"$@"; exit $?', "sh",
             sys.executable, str(ROOT / "bench/hostile.py"), "--case", case,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(done.communicate(), 300)

@@ -20,7 +20,8 @@ from tests.scripted import say
 READS = [  # (tool, arguments): everything a channel can use to look around
     ("list_dir", {}), ("tree", {"depth": 5}), ("glob", {"pattern": "**/*"}),
     ("grep", {"pattern": "leak-"}), ("note_list", {}), ("note_search", {"query": "secret leak"}),
-    ("list_recipes", {}), ("fill_recipe", {"name": "secret", "values_json": "{\"x\": \"1\"}"}), ("job_list", {}),
+    ("list_recipes", {}), ("fill_recipe", {"name": "secret", "values_json": '{"x": "1"}'}),
+    ("job_list", {}),
     ("job_poll", {"job_id": "j1"}), ("history", {"limit": 50}), ("health", {}),
     ("update_sys", {"action": "view"}),
 ]
@@ -72,20 +73,24 @@ async def _look(tally: Tally, rt, s: Secrets, i: int) -> None:
         tally.check(f"{channel} {name}: only its own secret", own and not s.others(i, result.output),
                     f"ok={result.ok} own={own} others={sorted(s.others(i, result.output))[:5]}: "
                     f"{result.output[:160]!r}")
-    before = len(rt.llm.calls)
-    await rt.turn(channel, "what do you remember?")
-    sent = "\n".join(str(m.get("content")) for messages, _ in rt.llm.calls[before:] for m in messages)
+    question = f"what do you remember, {channel}?"  # picks this turn's calls out of all channels'
+    await rt.turn(channel, question)
+    sent = "\n".join(str(m.get("content")) for messages, _ in rt.llm.calls
+                     if _last_user(messages) == question for m in messages)
     tally.check(f"{channel} model context: its history and section, nobody else's",
                 s.of(i) in sent and not s.others(i, sent), sorted(s.others(i, sent))[:5])
+
+
+def _last_user(messages: list[dict]) -> str:
+    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
 
 
 async def run(tally: Tally, work: Path, quick: bool) -> None:
     s = Secrets(10 if quick else 50)
     async with runtime(work, lambda messages, kwargs: say("noted")) as rt:
-        for i in range(len(s.channels)):
-            await _plant(rt, s, i)
-        for i in range(len(s.channels)):
-            await _look(tally, rt, s, i)
+        # The channels plant and look at the same time, as the bot's channels run.
+        await asyncio.gather(*(_plant(rt, s, i) for i in range(len(s.channels))))
+        await asyncio.gather(*(_look(tally, rt, s, i) for i in range(len(s.channels))))
         stored = await rt.store.episodes_since(0)
         tally.check("every planting turn and looking turn was stored",
                     len(stored) == 2 * len(s.channels), len(stored))
