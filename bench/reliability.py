@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,6 +65,27 @@ async def run_category(name: str, quick: bool, verbose: bool = False) -> tuple[T
     return tally, time.perf_counter() - start
 
 
+def in_child(name: str, quick: bool, verbose: bool) -> tuple[Tally, float]:
+    """Run one category in its own process: a crash (or a leaked server, or dpytest's global
+    state) stays there, and its memory figures are its own. Started through a shell that
+    forks it, since a process exec'd straight from this one would inherit this process's
+    peak RSS as its own ru_maxrss (Linux keeps it over exec)."""
+    argv = [sys.executable, __file__, "--child", name] + ["--quick"] * quick + ["-v"] * verbose
+    start = time.perf_counter()
+    done = subprocess.run(["/bin/sh", "-c", '"$@"; exit $?', "sh", *argv], cwd=ROOT,
+                          stdout=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    lines = done.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tally = Tally()
+        tally.check(f"{name} (the category's process)", False,
+                    f"exit {done.returncode} without a report: {done.stdout[-300:]!r}")
+        return tally, seconds
+    return Tally(report["tried"], report["failures"], report["notes"]), report["seconds"]
+
+
 def table(rows: list[tuple[str, Tally, float]]) -> str:
     lines = [f"{'category':<12}| {'tried':>5} | {'failed':>6} | {'seconds':>7}",
              f"{'-' * 12}|{'-' * 7}|{'-' * 8}|{'-' * 8}"]
@@ -80,11 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=list(CATEGORIES), metavar="CATEGORY",
                         help=f"run only this category (repeatable): {', '.join(CATEGORIES)}")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every probe's verdict")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one category, in this process
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.CRITICAL)  # the probes provoke errors the bot logs
+    if args.child:
+        tally, seconds = asyncio.run(run_category(args.child, args.quick, args.verbose))
+        print(json.dumps({"tried": tally.tried, "failures": tally.failures,
+                          "notes": tally.notes, "seconds": seconds}))
+        return 0
     rows = []
     for name in args.only or CATEGORIES:
-        tally, seconds = asyncio.run(run_category(name, args.quick, args.verbose))
+        tally, seconds = in_child(name, args.quick, args.verbose)
         rows.append((name, tally, seconds))
         print(f"{name}: {tally.tried} tried, {len(tally.failures)} failed, {seconds:.1f} s",
               file=sys.stderr, flush=True)

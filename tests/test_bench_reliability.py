@@ -3,6 +3,7 @@ failed probe (the suite must never hide one)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -34,8 +35,20 @@ def test_a_failed_probe_exits_non_zero_and_is_named_under_the_table(monkeypatch,
 
     monkeypatch.setitem(sys.modules, "bench.probes.broken", types.SimpleNamespace(run=run))
     monkeypatch.setattr(reliability, "CATEGORIES", {"broken": "broken"})
+    # In this process, as the category's own process runs it:
+    monkeypatch.setattr(reliability, "in_child", lambda name, quick, verbose: asyncio.run(
+        reliability.run_category(name, quick, verbose)))
     assert reliability.main(["--only", "broken"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"^broken\s*\|\s*3\s*\|\s*2\s*\|", out, re.MULTILINE), out
     assert "FAILED broken: a wall that gives way: it fell" in out
-    assert "FAILED broken: broken (the category itself): RuntimeError: and the category crashed" in out
+    assert ("FAILED broken: broken (the category itself): RuntimeError: and the category "
+            "crashed") in out
+
+
+def test_a_category_whose_process_dies_is_a_failure(monkeypatch):
+    from bench import reliability
+
+    monkeypatch.setattr(reliability, "CATEGORIES", {"gone": "no_such_module"})
+    tally, _ = reliability.in_child("gone", quick=True, verbose=False)
+    assert tally.tried == 1 and "gone (the category's process)" in tally.failures[0]
