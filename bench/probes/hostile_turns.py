@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 import discord.ext.test as dpytest
 
 from bench.probes import Tally
-from bench.probes.world import call, runtime
+from bench.probes.world import call, processes_with, runtime
 from bot.agent import CUT_NOTE
 from bot.channels import RuleStrayDetector
 from bot.discord_front.render import LIMIT, split_reply
@@ -134,6 +135,10 @@ async def _limits(tally: Tally, work: Path) -> None:
         seen = await call(rt, "b", "note_search", query="for everyone")
         tally.check("notes: a shared note is refused unless the channel opted in",
                     not shared.ok and "for everyone" not in seen.output, shared.output[:200])
+    await asyncio.sleep(3)  # a moment for the sandboxes' teardown on a busy machine
+    left = processes_with(str(work / "limits"))
+    tally.check("jobs: no sandbox process is left once the bot has closed", not left,
+                [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left])
 
 
 async def _stranger_dm(tally: Tally, work: Path) -> None:
