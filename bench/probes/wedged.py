@@ -55,8 +55,10 @@ async def timed_turn(rt: Runtime, channel: str, text: str, bound: float):
     start = time.monotonic()
     try:
         result = await asyncio.wait_for(rt.turn(channel, text), bound + 60)
-    except Exception as exc:  # noqa: BLE001 - a turn that raised or hung is the verdict
-        result = exc
+    except TimeoutError:
+        result = f"no answer within {bound + 60:.0f} s"
+    except Exception as exc:  # noqa: BLE001 - a turn that raised is the verdict
+        result = repr(exc)
     return result, time.monotonic() - start
 
 
