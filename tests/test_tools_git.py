@@ -179,3 +179,16 @@ async def test_git_tools_refuse_with_the_fix_when_bubblewrap_is_missing(ctx):
     ctx.services["sandbox"] = box
     out = await refused(ctx, "git_status")
     assert "bubblewrap" in out and "allow_unsandboxed" in out
+
+
+async def test_a_huge_file_is_refused_at_once_unless_git_ignores_it(ctx):
+    """A 10 GB (sparse) file kept git add hashing until its 60 s timeout (issue 11 part 5)."""
+    with open(ws_file(ctx, "big.bin"), "wb") as f:
+        f.truncate(10 * 2**30)
+    ws_file(ctx, "small.txt").write_text("hi\n")
+    for paths in (["big.bin"], ["."]):
+        assert "big.bin is over 100 MiB" in await refused(ctx, "git_add", paths=paths)
+    assert "A  small.txt" in await ok(ctx, "git_add", paths=["small.txt"])
+    ws_file(ctx, ".gitignore").write_text("big.bin\n")
+    assert "A  .gitignore" in await ok(ctx, "git_add", paths=["."])
+    assert "big.bin" not in host_git(ctx, "ls-files")

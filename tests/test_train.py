@@ -282,3 +282,14 @@ def test_gradient_checkpointing_auto_is_on_for_big_checkpoints_only(tmp_path):
     with open(tmp_path / "model.safetensors", "r+b") as f:  # a sparse 1 GiB file
         f.truncate(1 << 30)
     assert checkpointing("auto", tmp_path) and not checkpointing("off", tmp_path)
+
+
+def test_a_missing_base_checkpoint_is_a_clear_error_not_a_hub_lookup(tmp_path, capsys):
+    """transformers took the missing folder for a hub repo id and said only that (issue 11)."""
+    with pytest.raises(FileNotFoundError, match="the base checkpoint .*/nothing is missing"):
+        T.train(_rows(), tmp_path / "nothing", tmp_path / "out")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in _rows()))
+    with pytest.raises(SystemExit) as caught:
+        T.main(["--data", str(data), "--base", str(tmp_path / "nothing"), "--out", str(tmp_path)])
+    assert caught.value.code == 2 and "nothing is missing" in capsys.readouterr().err

@@ -16,6 +16,9 @@ What the tools refuse or leave out:
   with ``-c``; the system and global config files are not read
   (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``), so a
   ``.gitconfig`` the agent writes into its workspace (``$HOME``) is ignored.
+- ``git_add`` refuses a file over ``MAX_ADD_BYTES`` (100 MiB, the largest file a sandboxed
+  program may write) that git does not ignore: hashing a 10 GB file ran until the 60 s
+  timeout (bench/reliability.py, hostile inputs).
 - Paths and revisions starting with ``-`` are refused (option injection), a
   revision may hold only ``A-Z a-z 0-9 _ . / ~ ^ -``, and paths go through the
   workspace jail and after ``--``, as literal pathspecs.
@@ -33,7 +36,10 @@ and the branch stay as git left them. add and commit change only ``.git``.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import stat
+from pathlib import Path
 
 from sandbox.process import ProcessResult
 from tools import ToolContext, ToolError, tool
@@ -43,6 +49,7 @@ from tools.programs import ProgramChanges, clip, run_program, workspace_in_sandb
 GIT_TIMEOUT_S = 60
 MAX_DIFF_CHARS = 12_000
 MAX_LOG = 100
+MAX_ADD_BYTES = 100 * 2**20  # as sandbox.process.Limits.file_size_mb: larger is not the agent's
 _CONFIG = {
     "core.hooksPath": "/dev/null", "core.fsmonitor": "false", "user.name": "Nightshift",
     "user.email": "agent@nightshift.local", "commit.gpgSign": "false", "tag.gpgSign": "false",
@@ -203,9 +210,41 @@ async def git_add(ctx: ToolContext, paths: list[str]) -> str:
         raise ToolError('paths is empty; name what to stage, e.g. ["main.py"] or ["."]')
     names = [_path(ctx, p) for p in paths]
     note = await _repo(ctx)
+    big = await asyncio.to_thread(_too_big, ctx.workspace.root, names)
+    if big:  # unless git ignores them (a folder or "." would then skip them anyway)
+        ignored = await _git(ctx, "ls-files", "--others", "--ignored", "--exclude-standard",
+                             "--", *big, check=False)
+        big = [b for b in big if b not in ignored.stdout.splitlines()]
+    if big:
+        raise ToolError(f"refused: {', '.join(big[:5])} {'is' if len(big) == 1 else 'are'} over "
+                        f"{MAX_ADD_BYTES >> 20} MiB; git_add stages files up to that size. Leave "
+                        "them out (list them in .gitignore) and stage the rest")
     await _git(ctx, "add", "--", *names)
     status = (await _git(ctx, "status", "--short")).stdout.rstrip("\n")
     return f"{note}staged {', '.join(names)}\n{clip(status, MAX_DIFF_CHARS) or '(nothing changed)'}"
+
+
+def _too_big(root: Path, names: list[str]) -> list[str]:
+    """The regular files under ``names`` (files or folders, .git skipped) over MAX_ADD_BYTES,
+    relative to the workspace; links are not followed."""
+    files: list[Path] = []
+    for name in names:
+        top = root / name
+        if not top.is_dir() or top.is_symlink():
+            files.append(top)
+            continue
+        for folder, dirs, found in os.walk(top):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            files += [Path(folder, f) for f in found]
+    big = []
+    for file in files:
+        try:
+            info = file.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_ADD_BYTES:
+            big.append(os.path.relpath(file, root))
+    return big
 
 
 @tool

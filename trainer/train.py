@@ -352,6 +352,9 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     from transformers import AutoTokenizer
 
     settings = settings or Settings()
+    if not Path(base_dir, "config.json").is_file():  # else transformers takes it for a hub id
+        raise FileNotFoundError(f"the base checkpoint {base_dir} is missing (no config.json "
+                                "there); point it at an HF model folder")
     started = time.perf_counter()
     accelerator = Accelerator()
     # data
@@ -419,7 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings(**{k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__},
                         progress=not args.no_progress)
-    result = train(read_rows(args.data), args.base, args.out, settings)
+    try:
+        result = train(read_rows(args.data), args.base, args.out, settings)
+    except (FileNotFoundError, ValueError) as exc:  # a missing file or an empty set: say which
+        parser.exit(2, f"python -m trainer.train: {exc}\n")
     summary = {"out_dir": str(result.out_dir), "steps": result.steps, "sequences": result.sequences,
                "tokens": result.tokens, "seconds": round(result.seconds, 1), "last": result.history[-1]}
     print(json.dumps(summary))
