@@ -89,6 +89,13 @@ async def run_bot(config: Config) -> int:
 
             rt.announcers.append(announce)
 
+            async def night_report(report) -> None:
+                plots = "".join(f"\n  plot: {path}" for path in report.files)
+                renderer.info(report.text + plots)
+
+            if rt.reports is not None:
+                rt.reports.listeners.append(night_report)
+
             async def practice_progress(line: str) -> None:
                 renderer.info(line)
 

@@ -25,6 +25,7 @@ from bot.config import Config
 from bot.serving.client import LLM
 from bot.night.jobs import ACTIVE
 from bot.night.releases import Releases, serve_live
+from bot.night.report import NightReports
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
 from bot.serving.supervisor import ServerSupervisor
@@ -148,6 +149,7 @@ class Runtime:
     rounds: Rounds = field(default_factory=Rounds)  # rounds in progress; a night waits for them
     swarms: Swarms | None = None
     schedule: SleepSchedule | None = None
+    reports: NightReports | None = None  # each finished night's report, to its listeners
     # Front ends listen here for what the bot says on its own: (channel key or "", text).
     announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
     # Front ends add a callable here to show /practice's progress lines as they come.
@@ -198,6 +200,8 @@ class Runtime:
         rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
                  night, stack)
         rt.swarms = Swarms(board, workers, rt.rounds, rt.announce)
+        rt.reports = NightReports(config, store)
+        night.listeners.append(rt.reports.on_job)
         stack.push_async_callback(rt.swarms.close)
         rt.schedule = _schedule(rt)
         activity.append(rt.schedule.note_activity)
