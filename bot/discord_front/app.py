@@ -185,12 +185,15 @@ class NightshiftBot(commands.Bot):
         if channel is None:
             logger.info("night report #%s with no Discord channel (%r)", report.job_id, key)
             return
-        pieces = split_reply(report.text)
-        for piece in pieces[:-1]:
+        for piece in split_reply(report.text):
             await channel.send(piece)
+        if not report.files:
+            return
+        # The plots follow in a message of their own (as the agent's files do), so the
+        # text arrives whatever happens to the upload.
         files = [discord.File(path, filename=path.name) for path in report.files]
         try:
-            await channel.send(pieces[-1], files=files)
+            await channel.send(f"Night #{report.job_id}: plots", files=files)
         finally:
             for file in files:
                 file.close()

@@ -208,6 +208,7 @@ class NightReports:
         self.config = config
         self.store = store
         self.listeners: list[Listener] = []
+        self._lock = asyncio.Lock()  # two polls at once must not both send a night's report
 
     def folder(self, job_id: int) -> Path:
         return self.config.data_dir / "reports" / f"night-{job_id:04d}"
@@ -237,11 +238,13 @@ class NightReports:
         """A night watch listener: report a finished night, once."""
         if not finished(job, self.config.night.auto_promote):
             return
-        sent = {e["payload"].get("job_id") for e in await self.store.events(REPORT_EVENT)}
-        if job["id"] in sent:
-            return
-        # Recorded first: a report that fails to send is not retried at every poll.
-        await self.store.add_event(REPORT_EVENT_CHANNEL, None, REPORT_EVENT, {"job_id": job["id"]})
+        async with self._lock:
+            sent = {e["payload"].get("job_id") for e in await self.store.events(REPORT_EVENT)}
+            if job["id"] in sent:
+                return
+            # Recorded first: a report that fails to send is not retried at every poll.
+            await self.store.add_event(REPORT_EVENT_CHANNEL, None, REPORT_EVENT,
+                                       {"job_id": job["id"]})
         report = await self.build(job["id"])
         logger.info("night report for #%s:\n%s", job["id"], report.text)
         for listener in list(self.listeners):
