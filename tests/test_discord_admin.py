@@ -87,6 +87,8 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
                     "Swarm team started on board post #1: 2 of 2 channels are working on it."),
     "swarm stop": ({"swarm": "team"}, "Swarm team's task is cleared"),
     "practice": ({"file": "/no/such/set.jsonl"}, "practice: cannot read the practice set"),
+    "history": ({}, "No release yet"),
+    "report": ({"night": None}, "**Night #1 report** (cancelled"),  # the night /wake ended
 }
 
 
@@ -161,6 +163,9 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
     (["practice"], {"file": "/no/such/set.jsonl", "samples": 2},
      [{"name": "file", "type": 3, "value": "/no/such/set.jsonl"},
       {"name": "samples", "type": 4, "value": 2}], "practice: cannot read the practice set"),
+    (["history"], {}, [], "No release yet"),
+    (["report"], {"night": 5}, [{"name": "night", "type": 4, "value": 5}],
+     "report: no night has run yet"),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -182,7 +187,8 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     commands = h.bot.tree.get_commands()
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
                                           "label", "forget", "sys", "restart-server",
-                                          "notes-clean", "notes-wipe", "swarm", "practice"}
+                                          "notes-clean", "notes-wipe", "swarm", "practice",
+                                          "history", "report"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
     assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}

@@ -175,7 +175,7 @@ def test_eval_items_are_the_first_request_of_held_out_episodes():
         {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]},
         {"kind": "episode", "split": "train", "messages": [{"role": "user", "content": "t"}]},
         {"kind": "value_prediction", "split": "train", "messages": []}]
-    assert eval_items(rows, 10) == [Item("episode:4", "q1", None)]
+    assert eval_items(rows, 10) == [Item("episode:4", "q1", None, "eval")]
 
 
 class FakeLlama:
