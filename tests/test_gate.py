@@ -281,3 +281,7 @@ async def test_the_same_model_before_and_after_is_rejected_through_the_real_path
     # Greedy answers of one model are the same twice: no gain, so it cannot reach the margin.
     assert report.n == 4 and report.gain == 0.0 and report.outcome == "reject"
     assert len(judge.of("gate_score")) == 2 * len(OPEN_PROMPTS)
+    # The night report's per-family figures: the set's file name is the family.
+    family = report.families["heldout"]
+    assert family["n"] == 4 and family["before"] == family["after"]
+    assert report.as_dict()["families"] == report.families
