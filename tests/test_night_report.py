@@ -29,9 +29,9 @@ def planted_progress(night: int, *, judge_mean: float = 0.1, after: float = 0.6)
     return {
         "counts": {"episodes": 9, "eligible": 9, "episodes_total": 12, "excluded:secret": 2,
                    "excluded:incomplete": 1, "source:judge": 5, "source:verifier": 4},
-        "rewards": {"verifier": {"n": 4, "mean": 0.5, "spread": 0.866},
-                    "person": {"n": 2, "mean": -1.0, "spread": 0.0},
-                    "judge": {"n": 5, "mean": judge_mean, "spread": 0.4}},
+        "rewards": {"judge": {"n": 5, "mean": judge_mean, "spread": 0.4},  # as reward_stats
+                    "person": {"n": 2, "mean": -1.0, "spread": 0.0},  # sorts them
+                    "verifier": {"n": 4, "mean": 0.5, "spread": 0.866}},
         "judge_agreement": {"person": {"n": 4, "agree": 3, "percent": 75.0, "uncovered": 1},
                             "verifier": {"n": 0, "agree": 0, "percent": None, "uncovered": 0}},
         "trained": {"steps": 3, "sequences": 12, "tokens": 3456, "seconds": 12.5},

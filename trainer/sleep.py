@@ -16,6 +16,11 @@ The value memory learns the night's sub-tasks only after training succeeded
 (``trainer.night.remember``), so a night re-run after a failed training
 predicts from the same memory as its first run.
 
+What the night report (``bot.night.report``) reads is kept in the job's progress as
+the stages go: the counts (eligible, excluded per reason), the rewards by source and
+the judge's agreement, every training step's loss parts and log-ratios
+(``train_history``), and the gate's report with its per-family scores.
+
 Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
 checks its state between stages and between training steps.
 """

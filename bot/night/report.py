@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from bot.night.plots import plot_series, render
+from bot.night.plots import SOURCES, plot_series, render
 
 if TYPE_CHECKING:
     from bot.config import Config
@@ -100,8 +100,10 @@ def _agreement(found: dict | None, whom: str) -> str:
 
 def reward_lines(progress: dict) -> list[str]:
     rewards = progress.get("rewards") or {}
-    parts = [f"{source} {_num(s.get('mean'), 2, True)} ± {_num(s.get('spread'), 2)} "
-             f"(n={s.get('n', 0)})" for source, s in rewards.items()]
+    order = [s for s in SOURCES if s in rewards] + sorted(set(rewards) - set(SOURCES))
+    parts = [f"{source} {_num(rewards[source].get('mean'), 2, True)} ± "
+             f"{_num(rewards[source].get('spread'), 2)} (n={rewards[source].get('n', 0)})"
+             for source in order]
     agreement = progress.get("judge_agreement") or {}
     return [f"Rewards: {'; '.join(parts) or 'none recorded'}.",
             f"Judge agreement: {_agreement(agreement.get('person'), 'people')}; "
