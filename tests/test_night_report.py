@@ -3,12 +3,15 @@ and its delivery once per finished night (the Discord delivery: test_discord_rep
 
 from __future__ import annotations
 
+import io
 import json
 import zlib
 
 import pytest
 
+from bot.app import console_report
 from bot.commands import Caller, run_command
+from bot.console import ConsoleRenderer
 from bot.config import Config
 from bot.night import plots
 from bot.night.report import REPORT_EVENT, finished, history_text, report_text
@@ -348,3 +351,21 @@ async def test_the_report_goes_to_the_configured_channel_and_not_again_after_a_r
         assert len(got) == 1
     finally:
         await rt.close()
+
+
+async def test_the_console_prints_the_report_and_its_plots(tmp_path):
+    rt = await runtime(tmp_path)
+    out = io.StringIO()
+    rt.reports.listeners.append(console_report(ConsoleRenderer(out, io.StringIO())))
+    try:
+        job_id = await rt.store.create_job("sleep", {"channel": "general"})
+        await plant_gate(rt, job_id, planted_progress(job_id))
+        await rt.night.poll()
+    finally:
+        await rt.close()
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith(f"[#general] **Night #{job_id} report** (awaiting_promotion")
+    assert "Gate: promote." in out.getvalue()
+    folder = tmp_path / "reports" / f"night-{job_id:04d}"
+    assert lines[-3:] == [f"[#general] (file sent: {folder / name}.png)"
+                          for name in ("rewards", "loss", "heldout")]
