@@ -369,3 +369,26 @@ async def test_the_console_prints_the_report_and_its_plots(tmp_path):
     folder = tmp_path / "reports" / f"night-{job_id:04d}"
     assert lines[-3:] == [f"[#general] (file sent: {folder / name}.png)"
                           for name in ("rewards", "loss", "heldout")]
+
+
+async def test_a_report_whose_plots_fail_still_goes_out_with_its_text(tmp_path, monkeypatch):
+    rt = await runtime(tmp_path)
+    got = []
+
+    async def listener(report):
+        got.append(report)
+
+    def broken(series, folder):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("bot.night.report.render", broken)
+    rt.reports.listeners.append(listener)
+    try:
+        job_id = await rt.store.create_job("sleep", {"channel": "ops"})
+        await plant_gate(rt, job_id, planted_progress(job_id))
+        await rt.night.poll()
+    finally:
+        await rt.close()
+    [report] = got
+    assert report.files == [] and "Gate: promote." in report.text
+    assert report.text.endswith("(The plots could not be drawn: OSError: disk full)")

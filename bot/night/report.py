@@ -233,7 +233,11 @@ class NightReports:
         report = NightReport(job["id"], report_text(job, release), channel=self.channel(job))
         if plots:
             series = plot_series(jobs, job["id"])
-            report.files = await asyncio.to_thread(render, series, self.folder(job["id"]))
+            try:
+                report.files = await asyncio.to_thread(render, series, self.folder(job["id"]))
+            except Exception as exc:  # the text still goes out; the log has why
+                logger.exception("night #%s: the plots failed", job["id"])
+                report.text += f"\n(The plots could not be drawn: {type(exc).__name__}: {exc})"
         return report
 
     async def on_job(self, job: dict) -> None:
