@@ -28,6 +28,16 @@ def console_commands(rt: Runtime) -> object:
     return command
 
 
+def console_report(renderer: ConsoleRenderer):
+    """The console's night report listener: the text, then each plot's path."""
+
+    async def show(report) -> None:
+        renderer.reply(report.channel or "night", report.text,
+                       [str(path) for path in report.files])
+
+    return show
+
+
 def _unfinished(job: dict, auto_promote: bool) -> bool:
     """Under way in a live trainer process (the watch marks a dead one failed), or about
     to be promoted by the watch (auto-promote, not yet tried)."""
@@ -88,6 +98,8 @@ async def run_bot(config: Config) -> int:
                     renderer.info(text)
 
             rt.announcers.append(announce)
+            if rt.reports is not None:
+                rt.reports.listeners.append(console_report(renderer))
 
             async def practice_progress(line: str) -> None:
                 renderer.info(line)

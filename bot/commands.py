@@ -114,6 +114,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             lambda rt, c, release_id=None: admin.promote(rt, release_id), (_RELEASE,)),
     Command("rollback", "serve the release that served before (or the one named)",
             lambda rt, c, release_id=None: admin.rollback(rt, release_id), (_RELEASE,)),
+    Command("history", "the release chain, with each release's gate figures",
+            lambda rt, c: rt.reports.history_command()),
+    Command("report", "a night's report: data, rewards, training, gate (the newest if no "
+            "night is given)", lambda rt, c, night=None: rt.reports.report_command(night),
+            (Arg("night", int, "the night's job id", required=False),)),
     Command("label", "label an episode for the night",
             lambda rt, c, episode_id, label: admin.label(rt, episode_id, label, "admin"),
             (Arg("episode_id", int, "the episode's id"),

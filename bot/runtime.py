@@ -26,6 +26,7 @@ from bot.serving.chat_format import resolve_async
 from bot.serving.client import LLM
 from bot.night.jobs import ACTIVE
 from bot.night.releases import Releases, serve_live
+from bot.night.report import NightReports
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
 from bot.selfplay.runs import SelfPlay
@@ -151,6 +152,7 @@ class Runtime:
     swarms: Swarms | None = None
     schedule: SleepSchedule | None = None
     selfplay: SelfPlay | None = None  # /selfplay start|stop, and its daily schedule
+    reports: NightReports | None = None  # each finished night's report, to its listeners
     # Front ends listen here for what the bot says on its own: (channel key or "", text).
     announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
     # Front ends add a callable here to show /practice's progress lines as they come.
@@ -202,6 +204,8 @@ class Runtime:
         rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
                  night, stack)
         rt.swarms = Swarms(board, workers, rt.rounds, rt.announce)
+        rt.reports = NightReports(config, store)
+        night.listeners.append(rt.reports.on_job)
         stack.push_async_callback(rt.swarms.close)
         rt.selfplay = SelfPlay(rt)
         stack.push_async_callback(rt.selfplay.close)

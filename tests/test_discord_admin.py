@@ -89,6 +89,8 @@ ADMIN_CASES = {  # command -> (options, what the answer starts with); run in thi
     "practice": ({"file": "/no/such/set.jsonl"}, "practice: cannot read the practice set"),
     "selfplay start": ({"rounds": 0}, "selfplay start: ROUNDS must be between 1 and 100"),
     "selfplay stop": ({}, "No self-play is running."),
+    "history": ({}, "No release yet"),
+    "report": ({"night": None}, "**Night #1 report** (cancelled"),  # the night /wake ended
 }
 
 
@@ -167,6 +169,9 @@ SLASH_CASES = [  # (path in the tree, callback kwargs, interaction options, expe
      [{"name": "rounds", "type": 4, "value": 1}, {"name": "solvers", "type": 4, "value": 99}],
      "selfplay start: --solvers must be between 1 and 16"),
     (["selfplay", "stop"], {}, [], "No self-play is running."),
+    (["history"], {}, [], "No release yet"),
+    (["report"], {"night": 5}, [{"name": "night", "type": 4, "value": 5}],
+     "report: no night has run yet"),
 ]
 SLASH_IDS = [" ".join(case[0]) for case in SLASH_CASES]
 
@@ -189,7 +194,7 @@ async def test_every_admin_slash_command_is_registered_and_guild_only(discord_en
     assert {c.name for c in commands} == {"status", "sleep", "wake", "promote", "rollback",
                                           "label", "forget", "sys", "restart-server",
                                           "notes-clean", "notes-wipe", "swarm", "practice",
-                                          "selfplay"}
+                                          "selfplay", "history", "report"}
     assert all(c.guild_only for c in commands)
     assert {c.name for c in tree_command(h.bot, ["sys"]).commands} == {"show", "reset"}
     assert {c.name for c in tree_command(h.bot, ["swarm"]).commands} == {"start", "stop"}

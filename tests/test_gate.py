@@ -175,7 +175,7 @@ def test_eval_items_are_the_first_request_of_held_out_episodes():
         {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]},
         {"kind": "episode", "split": "train", "messages": [{"role": "user", "content": "t"}]},
         {"kind": "value_prediction", "split": "train", "messages": []}]
-    assert eval_items(rows, 10) == [Item("episode:4", "q1", None)]
+    assert eval_items(rows, 10) == [Item("episode:4", "q1", None, "eval")]
 
 
 class FakeLlama:
@@ -281,3 +281,7 @@ async def test_the_same_model_before_and_after_is_rejected_through_the_real_path
     # Greedy answers of one model are the same twice: no gain, so it cannot reach the margin.
     assert report.n == 4 and report.gain == 0.0 and report.outcome == "reject"
     assert len(judge.of("gate_score")) == 2 * len(OPEN_PROMPTS)
+    # The night report's per-family figures: the set's file name is the family.
+    family = report.families["heldout"]
+    assert family["n"] == 4 and family["before"] == family["after"]
+    assert report.as_dict()["families"] == report.families

@@ -92,6 +92,12 @@ max_tokens = 512
         before = await greedy(real)
         first_pid = rt.supervisor.pid
 
+        reports = []
+
+        async def keep(report) -> None:
+            reports.append(report)
+
+        rt.reports.listeners.append(keep)
         text = await admin.sleep(rt, "test", "general")
         assert text.startswith("Going to sleep: night job #1")
         job = await wait_for(rt, 1, ("training", "failed"), 600)
@@ -110,7 +116,21 @@ max_tokens = 512
         assert [r["state"] for r in releases] == ["live"]
         assert rt.supervisor.gguf == config.data_dir / "releases/night-0001/model-q8_0.gguf"
         after = await greedy(real)
+        for _ in range(60):  # the watch reports the night once it has seen it live
+            if reports:
+                break
+            await asyncio.sleep(1)
     finally:
         await real.close()
         await rt.close()
     assert after != before, (before, after)
+    # The night report, from what the real trainer recorded: every step of the resumed
+    # training, the reward sources, the gate per family (the probes), and the plots.
+    [report] = reports
+    assert report.job_id == 1 and report.channel == "general"
+    assert [h["step"] for h in job["progress"]["train_history"]] == [1, 2, 3, 4, 5, 6]
+    assert all(isinstance(h["oapl"], float) for h in job["progress"]["train_history"])
+    assert "probes" in job["progress"]["gate"]["families"]
+    assert "Training: 6 steps" in report.text and "Gate: promote." in report.text
+    assert "Release: #1 night-0001 (live)" in report.text
+    assert [p.read_bytes()[:8] for p in report.files] == [b"\x89PNG\r\n\x1a\n"] * 3

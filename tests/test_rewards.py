@@ -71,6 +71,11 @@ async def test_a_check_outranks_a_label_which_outranks_the_step_limit_which_outr
     assert len(server.of(REPORT)) == 5  # every episode judged, blind
     assert result.counts["subtasks_overridden"] == 4
     assert result.manifest["reward_sources"] == {"verifier": 2, "person": 2, "judge": 1}
+    # The night report's figures: each source's mean and spread, and the eligible count.
+    assert result.rewards == {"judge": {"n": 1, "mean": 1.0, "spread": 0.0},
+                              "person": {"n": 2, "mean": 0.0, "spread": 1.0},
+                              "verifier": {"n": 2, "mean": 0.0, "spread": 1.0}}
+    assert result.counts["eligible"] == result.counts["episodes_total"] == 5
     # A check or a label rules its episode, so the understanding pass reads only "plain".
     assert len(server.of("understanding")) == 1
 

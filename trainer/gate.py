@@ -92,6 +92,7 @@ class GateReport:
     items: dict[str, list]  # id -> [before, after]
     open_before: float | None = None
     open_after: float | None = None
+    families: dict[str, dict] = field(default_factory=dict)  # family_scores
 
     @property
     def passed(self) -> bool:
@@ -149,6 +150,17 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
         report.reasons = [f"{interval}: it includes the margin {settings.margin:+.3f}; more "
                           "held-out items would decide"]
     return report
+
+
+def family_scores(items: list[Item], pairs: dict[str, list]) -> dict[str, dict]:
+    """Family -> {n, before, after}: the mean score of its items scored on both sides."""
+    grouped: dict[str, list[list]] = {}
+    for item in items:
+        if item.id in pairs:
+            grouped.setdefault(item.family or "other", []).append(pairs[item.id])
+    return {family: {"n": len(p), "before": round(sum(b for b, _ in p) / len(p), 4),
+                     "after": round(sum(a for _, a in p) / len(p), 4)}
+            for family, p in sorted(grouped.items())}
 
 
 def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]:
@@ -249,6 +261,7 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     finally:
         await client.close()
     report = decide(old, new, settings_of(config))
+    report.families = family_scores(items, report.items)
     unscored = sum(1 for i in items if old.scores.get(i.id) is None
                    or new.scores.get(i.id) is None)
     if unscored:

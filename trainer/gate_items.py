@@ -86,6 +86,9 @@ class Item:
     id: str
     request: str
     check: dict | None  # None: judged
+    # The practice set (its held-out file's name), "probes" or "eval": the night report
+    # shows the gate's before/after per family.
+    family: str = ""
 
 
 async def agent_view(config: Config, store: Store, args: dict) -> AgentView:
@@ -112,7 +115,7 @@ def read_items(path: Path) -> list[Item]:
         try:
             data = json.loads(line)
             items.append(Item(str(data.get("id", f"{path.stem}:{number}")), str(data["prompt"]),
-                              dict(data["check"])))
+                              dict(data["check"]), path.stem))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{number}: not a {{prompt, check}} item ({exc})") from None
     return items
@@ -128,7 +131,7 @@ def heldout_items(config: Config, args: dict) -> list[Item]:
             if line.strip():
                 probe = json.loads(line)
                 items.append(Item(f"probe:{number}", probe["prompt"],
-                                  {"contains": probe["expected"]}))
+                                  {"contains": probe["expected"]}, "probes"))
     return items
 
 
@@ -140,7 +143,8 @@ def eval_items(rows: list[dict], limit: int) -> list[Item]:
             continue
         user = next((m for m in row["messages"] if m["role"] == "user"), None)
         if user and isinstance(user.get("content"), str) and user["content"].strip():
-            items.append(Item(f"episode:{row.get('episode_id')}", user["content"], None))
+            items.append(Item(f"episode:{row.get('episode_id')}", user["content"], None,
+                              "eval"))
     return items[:limit]
 
 

@@ -36,7 +36,14 @@ from trainer.advantages import centre, episode_row, message_advantages, value_ro
 from trainer.client import JsonClient
 from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
-from trainer.rewards import agreement, episode_subtask, overridden, person_reward, task_advantages
+from trainer.rewards import (
+    agreement,
+    episode_subtask,
+    overridden,
+    person_reward,
+    reward_stats,
+    task_advantages,
+)
 from trainer.secrets import SecretScanner
 from trainer.understanding import sampled, understanding_score
 from trainer.value import Prediction, ValueMemory, predict, prediction_reward
@@ -53,6 +60,7 @@ class NightResult:
     timings: dict[str, float] = field(default_factory=dict)
     subtasks: list[SubTask] = field(default_factory=list)  # what ``remember`` stores
     agreement: dict = field(default_factory=dict)  # the judge against labels and checks
+    rewards: dict = field(default_factory=dict)  # source -> {n, mean, spread} (reward_stats)
 
 
 def night_dir(config: Config, night_id: int) -> Path:
@@ -69,7 +77,8 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     collection = await collect(store, scanner, settings.eval_percent, since, until, release)
     days = channel_days(collection.episodes)
     counts.update({f"excluded:{k}": v for k, v in collection.excluded.items()})
-    counts["episodes"] = len(collection.episodes)
+    counts["episodes"] = counts["eligible"] = len(collection.episodes)
+    counts["episodes_total"] = len(collection.episodes) + sum(collection.excluded.values())
     timings["collect"] = time.perf_counter() - clock
     progress("collected", dict(counts))
 
@@ -104,7 +113,8 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     counts["rows"], counts["advantages"] = len(rows), len(table)
     timings["advantages"] = time.perf_counter() - clock
     progress("advantages", dict(counts))
-    return NightResult(night_id, dataset, manifest, counts, timings, subtasks, agreed)
+    return NightResult(night_id, dataset, manifest, counts, timings, subtasks, agreed,
+                       reward_stats(subtasks))
 
 
 def _to_judge(collection: Collection, days: dict, settings) -> dict:

@@ -169,6 +169,20 @@ def _agree(truth: dict[int, float], verdicts: dict[int, float]) -> dict:
             "uncovered": len(truth) - len(covered)}
 
 
+def reward_stats(subtasks: list[SubTask]) -> dict[str, dict]:
+    """Source -> {n, mean, spread}: the night's rewards by where they came from (the
+    spread is the population standard deviation), for the night report."""
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for s in subtasks:
+        by_source[s.source].append(s.reward)
+    out = {}
+    for source, rewards in sorted(by_source.items()):
+        mean = sum(rewards) / len(rewards)
+        spread = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        out[source] = {"n": len(rewards), "mean": round(mean, 4), "spread": round(spread, 4)}
+    return out
+
+
 def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightConfig
                     ) -> dict[str, float]:
     """Sub-task key -> A_task = (r - r_base) + length_weight * -(len - len_base) / length_scale.

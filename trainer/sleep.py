@@ -16,6 +16,11 @@ The value memory learns the night's sub-tasks only after training succeeded
 (``trainer.night.remember``), so a night re-run after a failed training
 predicts from the same memory as its first run.
 
+What the night report (``bot.night.report``) reads is kept in the job's progress as
+the stages go: the counts (eligible, excluded per reason), the rewards by source and
+the judge's agreement, every training step's loss parts and log-ratios
+(``train_history``), and the gate's report with its per-family scores.
+
 Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
 checks its state between stages and between training steps.
 """
@@ -50,6 +55,13 @@ def checkpointing(setting: str, base_dir: Path) -> bool:
         return setting == "on"
     size = sum(f.stat().st_size for f in Path(base_dir).glob("*.safetensors"))
     return size >= 1 << 30
+
+
+HISTORY_KEYS = ("step", "oapl", "echo", "total", "logratio_pos", "logratio_neg")
+
+
+def _rounded(value: object) -> object:
+    return round(value, 6) if isinstance(value, float) else value
 
 
 class Cancelled(Exception):
@@ -98,7 +110,7 @@ class Night:
             await client.close()
         self.part1 = result
         await self.set(counts=dict(result.counts), timings=result.timings,
-                       judge_agreement=result.agreement)
+                       judge_agreement=result.agreement, rewards=result.rewards)
         return result.dataset
 
     async def remember(self) -> None:
@@ -113,7 +125,7 @@ class Night:
         adapter = self.dir / "adapter"
         if (adapter / "adapter_model.safetensors").is_file() and "trained" in self.progress:
             return self.progress["trained"]
-        await self.set("training")
+        await self.set("training", train_history=[])  # a resumed training starts over
         from trainer.train import Settings, read_rows, train
 
         t = self.config.train
@@ -139,9 +151,14 @@ class Night:
 
     async def _training_step(self, event: dict) -> None:
         await self.check()
-        keep = ("step", "steps", "oapl", "echo", "loss", "tokens_per_s", "logratio_pos",
+        keep = ("step", "steps", "oapl", "echo", "total", "tokens_per_s", "logratio_pos",
                 "logratio_neg")
-        await self.set(train_step={k: event[k] for k in keep if k in event})
+        step = {k: event[k] for k in keep if k in event}
+        # Every step's loss parts and log-ratios, for the night report's loss plot: a
+        # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL).
+        history = self.progress.setdefault("train_history", [])
+        history.append({k: _rounded(event.get(k)) for k in HISTORY_KEYS})
+        await self.set(train_step=step, train_history=history)
 
     async def export(self, base_dir: Path, steps: int) -> Path:
         release = self.config.data_dir / "releases" / f"night-{self.job_id:04d}"

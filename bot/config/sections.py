@@ -317,6 +317,9 @@ class NightConfig(_Section):
     single_gpu: bool = Field(
         False, description="true to stop serving while training (one GPU too small for both)"
     )
+    report_channel: str = Field(
+        "", description='the channel key for night reports; "" = the night\'s own channel'
+    )
 
     _unset = field_validator("probes_file", mode="before")(_empty_is_none)
 

@@ -57,6 +57,7 @@ from bot.discord_front.render import (
 
 if TYPE_CHECKING:
     from bot.agent import TurnResult
+    from bot.night.report import NightReport
     from bot.runtime import Runtime
     from bot.storage.store import Store
 
@@ -145,6 +146,8 @@ class NightshiftBot(commands.Bot):
         add_admin_commands(self, rt)
         rt.night.listeners.append(self.night_progress)
         rt.announcers.append(self.announce)
+        if rt.reports is not None:
+            rt.reports.listeners.append(self.send_report)
 
     async def setup_hook(self) -> None:
         # Publish the slash commands. A failure leaves the chat working, so it only warns.
@@ -174,6 +177,26 @@ class NightshiftBot(commands.Bot):
             return
         for piece in split_reply(text):
             await channel.send(piece)
+
+    async def send_report(self, report: NightReport) -> None:
+        """A night's report in its channel: the text, then its plots attached as PNGs."""
+        key = report.channel
+        channel = self.get_channel(int(key)) if key.isdigit() else None
+        if channel is None:
+            logger.info("night report #%s with no Discord channel (%r)", report.job_id, key)
+            return
+        for piece in split_reply(report.text):
+            await channel.send(piece)
+        if not report.files:
+            return
+        # The plots follow in a message of their own (as the agent's files do), so the
+        # text arrives whatever happens to the upload.
+        files = [discord.File(path, filename=path.name) for path in report.files]
+        try:
+            await channel.send(f"Night #{report.job_id}: plots", files=files)
+        finally:
+            for file in files:
+                file.close()
 
     async def on_ready(self) -> None:
         logger.info("logged in to Discord as %s", self.user)
