@@ -5,7 +5,10 @@
 The trajectory is the message list. Each step (the system prompt the model
 saw, the user's message, every assistant message with its tool calls, every
 tool observation) is committed to the store before the next step starts, so
-what the model saw is exactly what is stored. A turn is one episode.
+what the model saw is exactly what is stored. A turn is one episode. Each
+assistant step also names the prompt it was generated from: a prefix (system
+prompt and tools, channel history, any compaction summary) stored once per
+distinct prefix, then the episode's latest steps (``EpisodeContext``).
 
 Errors the model caused (bad JSON, an unknown tool, bad arguments) go back to
 it as observations saying what was wrong and what is valid; after
@@ -41,6 +44,7 @@ from bot.config import Config
 from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
 from bot.messages import (  # noqa: F401 - history_messages: callers import it from here
+    EpisodeContext,
     assistant_message,
     assistant_step,
     estimate_tokens,
@@ -52,7 +56,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     yes_no,
 )
 from bot.serving.client import LLM, LLMError, Reply
-from bot.storage.store import Step, Store, StoredStep
+from bot.storage.store import Prefix, Step, Store, StoredStep
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
@@ -96,6 +100,7 @@ class _Turn:
     repeats: RepeatWatch | None = None
     no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
     last_step_id: int | None = None  # the latest stored assistant step
+    context: EpisodeContext | None = None  # what precedes the episode's messages (None: unknown)
 
 
 @dataclass
@@ -150,9 +155,11 @@ class Agent:
             Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
         messages = [{"role": "system", "content": system}, *history_messages(history),
                     {"role": "user", "content": text}]
-        return await self.run(channel, episode, messages)
+        context = EpisodeContext(len(messages) - 1, tools_ref, {s.episode_id for s in history})
+        return await self.run(channel, episode, messages, context)
 
-    async def run(self, channel: str, episode: int, messages: list[dict]) -> TurnResult:
+    async def run(self, channel: str, episode: int, messages: list[dict],
+                  context: EpisodeContext | None = None) -> TurnResult:
         """Continue a turn from ``messages`` until an answer, a limit or an error::
 
             loop:
@@ -170,11 +177,11 @@ class Agent:
         anything else is a harness bug: the episode is marked errored and it is raised.
         """
         turn = _Turn(channel, episode, self.context_for(channel),
-                     repeats=RepeatWatch(self.config.agent.repeat_limit))
+                     repeats=RepeatWatch(self.config.agent.repeat_limit), context=context)
         try:
             while True:
                 self._count_step(turn)
-                messages = await self._fit(channel, episode, messages)
+                messages = await self._fit(turn, messages)
                 reply, stored = await self._step(turn, messages)
                 if reply.tool_calls:
                     await self._tool_round(turn, messages, reply.tool_calls)
@@ -200,7 +207,13 @@ class Agent:
         self.progress(turn.channel, f"step {turn.steps}: thinking")
         offered = set() if turn.no_tools else self.tool_names()
         reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
-        stored = await self._store(turn.episode, assistant_step(reply))
+        step, prefix = assistant_step(reply), None
+        if turn.context is not None:  # the exact prompt, for the night (bot.storage.prefixes)
+            meta, prefix = turn.context.for_step(messages, bool(offered))
+            step.meta = {"context": meta}
+        stored = await self._store(turn.episode, step, prefix)
+        if prefix is not None:
+            turn.context.saved()
         turn.last_step_id = stored.id
         messages.append(assistant_message(reply))
         return reply, stored
@@ -330,10 +343,10 @@ class Agent:
         return (text[:limit] + f"\n[... {cut} more characters cut: the output was too long. "
                 "Read it in parts, e.g. with read_file and an offset.]")
 
-    async def _store(self, episode: int, step: Step) -> StoredStep:
+    async def _store(self, episode: int, step: Step, prefix: Prefix | None = None) -> StoredStep:
         if not step.started_at:
             step.started_at = time.time()
-        return await self.store.add_step(episode, step)
+        return await self.store.add_step(episode, step, prefix=prefix)
 
     # -- stray end of turn -----------------------------------------------------
 
@@ -361,7 +374,7 @@ class Agent:
 
     # -- context overflow -----------------------------------------------------
 
-    async def _fit(self, channel: str, episode: int, messages: list[dict]) -> list[dict]:
+    async def _fit(self, turn: _Turn, messages: list[dict]) -> list[dict]:
         """Compact older messages into a summary when the context would overflow."""
         agent = self.config.agent
         budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
@@ -377,8 +390,10 @@ class Agent:
         if not old:
             return messages
         summary = await self._summarise(old)
-        await self.store.add_event(channel, episode, "compaction",
+        await self.store.add_event(turn.channel, turn.episode, "compaction",
                                    {"messages": len(old), "summary": summary})
+        if turn.context is not None:
+            turn.context.compacted(keep + 1, turn.episode)
         return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
 
     async def _summarise(self, old: list[dict]) -> str:

@@ -31,6 +31,7 @@ import aiosqlite
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
+from bot.storage.prefixes import INSERT_PREFIX, Prefix, Prefixes
 from bot.storage.toolsets import ToolSets
 
 from bot.storage.schema import (
@@ -51,12 +52,12 @@ from bot.storage.schema import (
     stored_step,
 )
 
-__all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
+__all__ = ["Episode", "Prefix", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class Store(NightLedger, ToolSets, LabelBook, JobBook):
+class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
@@ -234,8 +235,10 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         if not rows:
             raise await self._missing_or_closed(episode_id)
 
-    async def add_step(self, episode_id: int, step: Step) -> StoredStep:
-        """Append a step and commit it before returning.
+    async def add_step(self, episode_id: int, step: Step, prefix: Prefix | None = None
+                       ) -> StoredStep:
+        """Append a step and commit it before returning; ``prefix``, the prompt prefix
+        its meta refers to (``bot.storage.prefixes``), is stored with it, once.
 
         The seq is computed inside the same INSERT, so concurrent writers (even
         from two processes) can never give one episode a gap or a duplicate;
@@ -244,7 +247,17 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         stored trajectory differ from the one that was labelled.
         """
         check_step(step)
-        rows = await self._fetch(INSERT_STEP, step_values(step, episode_id))
+        if prefix is None:
+            rows = await self._fetch(INSERT_STEP, step_values(step, episode_id))
+        else:
+            try:
+                async with self._write() as db:  # one commit: no step refers to a missing prefix
+                    await db.execute(INSERT_PREFIX, prefix.values())
+                    rows = await db.execute_fetchall(INSERT_STEP, step_values(step, episode_id))
+                    if not rows:
+                        raise LookupError  # rolls the prefix back too
+            except LookupError:
+                rows = []
         if not rows:
             raise await self._missing_or_closed(episode_id)
         return stored_step(rows[0])
