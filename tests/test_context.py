@@ -188,3 +188,28 @@ async def test_harness_text_is_neither_action_nor_observation_with_the_prefix(
     assert any("characters cut" in m["content"] for m in row["messages"] if m["role"] == "tool")
     assert "1000" in observed and "characters cut" not in observed
     assert not any(m < row["prefix_messages"] for m in marked if m != -1)
+
+
+async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):  # noqa: F811
+    """run_part1 (judge served by a scripted server): the dataset's rows carry the prefix,
+    and the night counts how many episodes were rendered exactly."""
+    from tests.test_night_judge import config_for, report, run, serve
+    from bot.storage.embedder import MiniLMEmbedder
+
+    agent, _, _ = make_agent(store, [say("hi."), call("add", {"a": 2, "b": 3}), say("5.")],
+                             tmp_path)
+    await agent.turn("general", "hello")
+    await agent.turn("general", "what is 2+3?")
+    server = await serve(lambda kind, body: report(
+        [{"start": 0, "end": 1, "description": "answer", "score": 2}])
+        if kind == "judge_report" else {"score": 1, "length": 1})
+    try:
+        result, _ = await run(config_for(tmp_path), store, server, MiniLMEmbedder())
+    finally:
+        await server.stop()
+    rows = [json.loads(line) for line in result.dataset.read_text().splitlines()]
+    episode_rows = [r for r in rows if r["kind"] == "episode"]
+    assert result.counts["context:exact"] == 2 and len(episode_rows) == 2
+    second = episode_rows[-1]
+    assert [m["content"] for m in second["messages"][1:3]] == ["hello", "hi."]
+    assert second["prefix_messages"] == 3 == second["context"]
