@@ -213,3 +213,22 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):  # 
     second = episode_rows[-1]
     assert [m["content"] for m in second["messages"][1:3]] == ["hello", "hi."]
     assert second["prefix_messages"] == 3 == second["context"]
+
+
+async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp_path):  # noqa: F811
+    from bot.storage.store import Prefix, Step
+
+    prefix = Prefix([{"role": "system", "content": "s"}], None, (1,))
+    ep = await store.start_episode("c")
+    await store.add_step(ep, Step(role="user", content="hi"))
+    meta = {"context": {"prefix": prefix.ref, "tail": 1}}
+    await store.add_step(ep, Step(role="assistant", content="a", meta=meta), prefix=prefix)
+    await store.add_step(ep, Step(role="assistant", content="b", meta=meta), prefix=prefix)
+    await store.end_episode(ep, "complete")
+    other = Prefix([{"role": "system", "content": "other"}])
+    with pytest.raises(ValueError, match="already complete"):
+        await store.add_step(ep, Step(role="assistant", content="c"), prefix=other)
+    rows = await store._fetch("SELECT ref FROM prompt_prefixes")
+    assert [r["ref"] for r in rows] == [prefix.ref]  # once; the refused step left nothing
+    assert (await store.prompt_prefixes([prefix.ref, other.ref])) == {
+        prefix.ref: {"messages": prefix.messages, "tools": []}}
