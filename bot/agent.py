@@ -147,15 +147,16 @@ class Agent:
         history = await self.store.channel_history(channel, self.config.agent.history_steps)
         system = self.system_prompt(channel)
         # The tool schemas are stored with the prompt (once per tool set, by reference):
-        # the night renders what the model saw. Episode, prompt and message: one commit.
+        # the night renders what the model saw. Episode, prompt, prefix and message: one commit.
         tools_ref = await self.store.tool_set_ref(self.tools.schemas())
-        now = time.time()
-        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
-            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
-            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
         messages = [{"role": "system", "content": system}, *history_messages(history),
                     {"role": "user", "content": text}]
         context = EpisodeContext(len(messages) - 1, tools_ref, {s.episode_id for s in history})
+        now = time.time()
+        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
+            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel,
+            prefix=context.opening(messages))
         return await self.run(channel, episode, messages, context)
 
     async def run(self, channel: str, episode: int, messages: list[dict],

@@ -121,11 +121,19 @@ class EpisodeContext:
     _prefix: Prefix | None = None
     _saved: bool = False
 
+    def opening(self, messages: list[dict]) -> Prefix:
+        """The turn's first prefix, for ``Store.start_turn`` to store with the episode."""
+        self._prefix, self._saved = self._prefix_of(messages), True
+        return self._prefix
+
+    def _prefix_of(self, messages: list[dict]) -> Prefix:
+        return Prefix(messages[:self.start], self.tools_ref, tuple(self.sources))
+
     def for_step(self, messages: list[dict], tools: bool) -> tuple[dict, Prefix | None]:
         """(the ``context`` meta of an assistant step sent ``messages``, the prefix to store
         with it: None once stored)."""
         if self._prefix is None:
-            self._prefix = Prefix(messages[:self.start], self.tools_ref, tuple(self.sources))
+            self._prefix = self._prefix_of(messages)
         meta = {"prefix": self._prefix.ref, "tail": len(messages) - self.start}
         if not tools:
             meta["tools"] = False

@@ -8,9 +8,10 @@ each distinct prefix is stored once, content-addressed by the SHA-256 of its
 messages and tool-set ref, and each assistant step's meta says
 ``context = {"prefix": REF, "tail": N}``: it was sent the prefix's messages
 and then the episode's N steps just before it (``tools: false`` when the ask
-offered no tools). The prefix is written in the same transaction as the first
-step that refers to it (``Store.add_step(..., prefix=)``), so no acknowledged
-step points at a missing prefix.
+offered no tools). The prefix is written in the same transaction as the
+episode's start (``Store.start_turn(..., prefix=)``), or, after a compaction,
+as the first step that refers to it (``Store.add_step(..., prefix=)``), so no
+acknowledged step points at a missing prefix.
 
 ``sources`` lists the episodes whose text a prefix carries (its history, and
 the episode itself once a compaction summarised part of it): ``/forget`` of
@@ -42,13 +43,16 @@ class Prefix:
     sources: tuple[int, ...] = ()  # episodes whose text it carries
     ref: str = field(init=False)
 
+    _text: str = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
-        text = json.dumps([self.messages, self.tools_ref], sort_keys=True, ensure_ascii=False)
-        self.ref = hashlib.sha256(text.encode()).hexdigest()
+        # Serialised once: the same text is hashed and stored.
+        self._text = dumps(self.messages, "prefix messages")
+        self.ref = hashlib.sha256(f"{self.tools_ref}\n{self._text}".encode()).hexdigest()
 
     def values(self) -> tuple:
-        return (self.ref, dumps(self.messages, "prefix messages"), self.tools_ref,
-                json.dumps(sorted(set(self.sources))), time.time())
+        return (self.ref, self._text, self.tools_ref, json.dumps(sorted(set(self.sources))),
+                time.time())
 
 
 class Prefixes:

@@ -199,10 +199,12 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             return cur.lastrowid
 
     async def start_turn(self, channel_id: str, model_version: str | None,
-                         steps: list[Step], name: str = "") -> tuple[int, list[StoredStep]]:
-        """Open an episode with its first steps (system prompt, user message) in ONE
-        commit: the bookkeeping of a turn's start costs one transaction, not four.
-        Nothing is acknowledged before that commit; a failure leaves none of it."""
+                         steps: list[Step], name: str = "", prefix: Prefix | None = None
+                         ) -> tuple[int, list[StoredStep]]:
+        """Open an episode with its first steps (system prompt, user message) and the
+        turn's prompt prefix in ONE commit: the bookkeeping of a turn's start costs one
+        transaction, not four. Nothing is acknowledged before that commit; a failure
+        leaves none of it."""
         nonempty(channel_id, "channel_id")
         for step in steps:
             check_step(step)
@@ -217,6 +219,8 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
                 (channel_id, now, model_version))
             episode_id = cur.lastrowid
+            if prefix is not None:
+                await db.execute(INSERT_PREFIX, prefix.values())
             stored = []
             for step in steps:
                 rows = await db.execute_fetchall(INSERT_STEP, step_values(step, episode_id))
