@@ -213,6 +213,11 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):  # 
     second = episode_rows[-1]
     assert [m["content"] for m in second["messages"][1:3]] == ["hello", "hi."]
     assert second["prefix_messages"] == 3 == second["context"]
+    from trainer.gate_items import eval_items
+
+    for row in episode_rows:
+        row["split"] = "eval"
+    assert [i.request for i in eval_items(episode_rows, 10)] == ["hello", "what is 2+3?"]
 
 
 async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp_path):  # noqa: F811

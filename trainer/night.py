@@ -3,6 +3,9 @@
     collect -> judge (windows, blind) -> rewards by precedence -> value (predict
             each sub-task) -> understand -> advantages (store table + JSONL + manifest)
 
+Each episode's row is rendered from the prompts its steps were sent (``trainer.context``:
+the stored prefix, then the episode), or from its own messages where none is stored.
+
 Rewards (``trainer.rewards``): a stored check's reward or a person's label
 rules its episode; the judge's sub-tasks count everywhere else. The judge
 reads every episode anyway, and the night reports its agreement with the
