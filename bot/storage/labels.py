@@ -12,8 +12,9 @@ Mixed into ``Store`` (it uses the store's locked ``_fetch`` and ``_write``).
   name and meta (which holds the tool list and any image hashes), and the
   payloads of its events except the reply-message ids that link Discord
   messages to it, and the prompt prefixes that carry its text (later turns'
-  history or summaries; those turns then train on their own messages alone). The rows themselves stay, so the ids that a past night's
-  advantages refer to still exist. Not erased: what a past night already
+  history or summaries; those turns then train on their own messages alone).
+  The rows themselves stay, so the ids that a past night's advantages refer to
+  still exist. Not erased: what a past night already
   derived from it (judged sub-task descriptions in that night's ledger, the
   value memory, that night's JSONL dataset on disk).
 """
