@@ -11,11 +11,19 @@ import pytest
 from bot.agent import STRAY_CONTINUE, STRAY_QUESTION, SUMMARY_PREFIX
 from bot.config import NightConfig
 from tests.scripted import call, say
-from tests.test_agent import make_agent, store  # noqa: F401 - the store fixture
+from bot.storage.store import Store
+from tests.test_agent import make_agent
 from tests.test_tokens import HF_DIR
 from trainer.advantages import episode_row
 from trainer.context import prefix_refs, sent_messages, with_context
-from trainer.tokens import ACTION, IGNORE, OBSERVATION, render_prompt, render_row
+from trainer.tokens import ACTION, OBSERVATION, render_prompt, render_row
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await Store.open(tmp_path / "store.db")
+    yield s
+    await s.close()
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +42,7 @@ def summarising(replies: list):
     return script
 
 
-async def _episodes(store):  # noqa: F811
+async def _episodes(store):
     return {e.id: e for e in await store.episodes_since(0)}
 
 
@@ -49,7 +57,7 @@ async def _three_earlier_turns(agent):
         await agent.turn("general", f"earlier question {i}")
 
 
-async def test_a_turn_of_several_steps_stores_one_prefix_with_the_history(store, tmp_path):  # noqa: F811
+async def test_a_turn_of_several_steps_stores_one_prefix_with_the_history(store, tmp_path):
     script = [say(f"answer {i}.") for i in range(3)] + [
         call("add", {"a": 2, "b": 3}), call("add", {"a": 5, "b": 1}, "call_2"), say("It is 6.")]
     agent, llm, _ = make_agent(store, script, tmp_path)
@@ -68,7 +76,7 @@ async def test_a_turn_of_several_steps_stores_one_prefix_with_the_history(store,
     assert history == [x for i in range(3) for x in (f"earlier question {i}", f"answer {i}.")]
 
 
-async def test_every_step_is_rendered_from_exactly_the_messages_it_was_sent(store, tmp_path):  # noqa: F811
+async def test_every_step_is_rendered_from_exactly_the_messages_it_was_sent(store, tmp_path):
     script = [say(f"answer {i}.") for i in range(3)] + [
         call("add", {"a": 2, "b": 3}), say("It is 5.")]
     agent, llm, _ = make_agent(store, script, tmp_path)
@@ -92,7 +100,7 @@ async def test_every_step_is_rendered_from_exactly_the_messages_it_was_sent(stor
 
 
 async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
-        store, tmp_path, tokenizer):  # noqa: F811
+        store, tmp_path, tokenizer):
     script = summarising([say(f"answer {i}.") for i in range(3)] + [
         call("add", {"a": 2, "b": 3, "note": "z" * 900}), say("It is 5.")])
     agent, llm, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
@@ -127,7 +135,7 @@ async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
 
 
 async def test_an_episode_without_a_stored_prompt_trains_on_its_own_messages(
-        store, tmp_path, tokenizer):  # noqa: F811
+        store, tmp_path, tokenizer):
     agent, _, _ = make_agent(store, [call("add", {"a": 1, "b": 1}), say("2.")], tmp_path)
     result = await agent.turn("general", "1+1?")
     await store._fetch("UPDATE steps SET meta = NULL WHERE role = 'assistant'")  # an old episode
@@ -140,7 +148,7 @@ async def test_an_episode_without_a_stored_prompt_trains_on_its_own_messages(
 
 
 async def test_forgetting_an_earlier_episode_deletes_the_prefixes_carrying_its_text(
-        store, tmp_path):  # noqa: F811
+        store, tmp_path):
     agent, _, _ = make_agent(store, [say("a."), say("b."), say("c.")], tmp_path)
     forgotten = await agent.turn("general", "my secret plan")
     await agent.turn("general", "next")
@@ -155,7 +163,7 @@ async def test_forgetting_an_earlier_episode_deletes_the_prefixes_carrying_its_t
                         prefixes)[1] is None  # a prefix without its text stays
 
 
-async def test_a_prefix_holding_a_secret_falls_back(store, tmp_path):  # noqa: F811
+async def test_a_prefix_holding_a_secret_falls_back(store, tmp_path):
     agent, _, _ = make_agent(store, [say("ok."), say("done.")], tmp_path)
     await agent.turn("general", "token sk-abc")
     second = await agent.turn("general", "go on")
@@ -166,7 +174,7 @@ async def test_a_prefix_holding_a_secret_falls_back(store, tmp_path):  # noqa: F
 
 
 async def test_harness_text_is_neither_action_nor_observation_with_the_prefix(
-        store, tmp_path, tokenizer):  # noqa: F811
+        store, tmp_path, tokenizer):
     script = [say("answer 0."), call("add", {"a": 10 ** 250, "b": 0}), say("I'll add them now:"),
               say('{"answer": "no"}'), call("add", {"a": 1, "b": 2}, "call_2"), say("Done: 3.")]
     agent, _, _ = make_agent(store, script, tmp_path, tool_output_chars=200)
@@ -190,7 +198,7 @@ async def test_harness_text_is_neither_action_nor_observation_with_the_prefix(
     assert not any(m < row["prefix_messages"] for m in marked if m != -1)
 
 
-async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):  # noqa: F811
+async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):
     """run_part1 (judge served by a scripted server): the dataset's rows carry the prefix,
     and the night counts how many episodes were rendered exactly."""
     from tests.test_night_judge import config_for, report, run, serve
@@ -220,7 +228,7 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):  # 
     assert [i.request for i in eval_items(episode_rows, 10)] == ["hello", "what is 2+3?"]
 
 
-async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp_path):  # noqa: F811
+async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp_path):
     from bot.storage.store import Prefix, Step
 
     prefix = Prefix([{"role": "system", "content": "s"}], None, (1,))
