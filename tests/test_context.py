@@ -198,7 +198,7 @@ async def test_harness_text_is_neither_action_nor_observation_with_the_prefix(
     assert not any(m < row["prefix_messages"] for m in marked if m != -1)
 
 
-async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):
+async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path, tokenizer):
     """run_part1 (judge served by a scripted server): the dataset's rows carry the prefix,
     and the night counts how many episodes were rendered exactly."""
     from tests.test_night_judge import config_for, report, run, serve
@@ -209,7 +209,7 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):
     await agent.turn("general", "hello")
     await agent.turn("general", "what is 2+3?")
     server = await serve(lambda kind, body: report(
-        [{"start": 0, "end": 1, "description": "answer", "score": 2}])
+        [{"start": 0, "end": 5, "description": "answer", "score": 2}])
         if kind == "judge_report" else {"score": 1, "length": 1})
     try:
         result, _ = await run(config_for(tmp_path), store, server, MiniLMEmbedder())
@@ -221,6 +221,11 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path):
     second = episode_rows[-1]
     assert [m["content"] for m in second["messages"][1:3]] == ["hello", "hi."]
     assert second["prefix_messages"] == 3 == second["context"]
+    from trainer import train as T
+
+    # The trainer's examples: each episode's judged answers and call, nothing of the history.
+    examples = T.build_examples(episode_rows, tokenizer, T.Settings(max_tokens=8192))
+    assert sum(e.terms for e in examples) == 3  # "hi.", the add call, "5."
     from trainer.gate_items import eval_items
 
     for row in episode_rows:
