@@ -5,7 +5,10 @@
 The trajectory is the message list. Each step (the system prompt the model
 saw, the user's message, every assistant message with its tool calls, every
 tool observation) is committed to the store before the next step starts, so
-what the model saw is exactly what is stored. A turn is one episode.
+what the model saw is exactly what is stored. A turn is one episode. Each
+assistant step also names the prompt it was generated from: a prefix (system
+prompt and tools, channel history, any compaction summary) stored once per
+distinct prefix, then the episode's latest steps (``EpisodeContext``).
 
 Errors the model caused (bad JSON, an unknown tool, bad arguments) go back to
 it as observations saying what was wrong and what is valid; after
@@ -41,6 +44,7 @@ from bot.config import Config
 from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
 from bot.messages import (  # noqa: F401 - history_messages: callers import it from here
+    EpisodeContext,
     assistant_message,
     assistant_step,
     estimate_tokens,
@@ -51,9 +55,10 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     text_of,
     yes_no,
 )
+from bot.serving.chat_format import chat_format_name
 from bot.serving.client import LLM, LLMError, Reply
 from bot.serving.wire import needs_tool_choice
-from bot.storage.store import Step, Store, StoredStep
+from bot.storage.store import Prefix, Step, Store, StoredStep
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
@@ -97,6 +102,7 @@ class _Turn:
     repeats: RepeatWatch | None = None
     no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
     last_step_id: int | None = None  # the latest stored assistant step
+    context: EpisodeContext | None = None  # what precedes the episode's messages (None: unknown)
 
 
 @dataclass
@@ -144,15 +150,17 @@ class Agent:
         history = await self.store.channel_history(channel, self.config.agent.history_steps)
         system = self.system_prompt(channel)
         # The tool schemas are stored with the prompt (once per tool set, by reference):
-        # the night renders what the model saw. Episode, prompt and message: one commit.
+        # the night renders what the model saw. Episode, prompt, prefix and message: one commit.
         tools_ref = await self.store.tool_set_ref(self.tools.schemas())
+        messages = [{"role": "system", "content": system}, *history_messages(history),
+                    {"role": "user", "content": text}]
+        context = EpisodeContext(len(messages) - 1, tools_ref, {s.episode_id for s in history})
         now = time.time()
         episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
             Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
-            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
-        messages = [{"role": "system", "content": system}, *history_messages(history),
-                    {"role": "user", "content": text}]
-        return await self.run(channel, episode, messages)
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel,
+            prefix=context.opening(messages))
+        return await self.run(channel, episode, messages, context)
 
     async def demonstrate(self, channel: str, text: str, answer: str,
                           speaker: str = "user") -> int:
@@ -161,18 +169,24 @@ class Agent:
         its answer marked ``demonstration``. Returns the episode."""
         system = self.system_prompt(channel)
         tools_ref = await self.store.tool_set_ref(self.tools.schemas())
+        # A fresh channel's context: the system prompt alone is the prefix (no history).
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        context = EpisodeContext(1, tools_ref)
         now = time.time()
         episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
             Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
-            Step(role="user", content=text, name=speaker, started_at=now)], name=channel)
-        meta = {"demonstration": True}
-        if self.tools.schemas() and needs_tool_choice(self.config.model.chat_format):
+            Step(role="user", content=text, name=speaker, started_at=now)], name=channel,
+            prefix=context.opening(messages))
+        tools = bool(self.tools.schemas())
+        meta: dict[str, Any] = {"demonstration": True, "context": context.for_step(messages, tools)[0]}
+        if tools and needs_tool_choice(chat_format_name(self.config)):
             meta["choice"] = "message"  # as if chosen under the tool list (trainer.tokens)
         await self._store(episode, Step(role="assistant", content=answer, meta=meta))
         await self.store.end_episode(episode, "complete")
         return episode
 
-    async def run(self, channel: str, episode: int, messages: list[dict]) -> TurnResult:
+    async def run(self, channel: str, episode: int, messages: list[dict],
+                  context: EpisodeContext | None = None) -> TurnResult:
         """Continue a turn from ``messages`` until an answer, a limit or an error::
 
             loop:
@@ -190,11 +204,11 @@ class Agent:
         anything else is a harness bug: the episode is marked errored and it is raised.
         """
         turn = _Turn(channel, episode, self.context_for(channel),
-                     repeats=RepeatWatch(self.config.agent.repeat_limit))
+                     repeats=RepeatWatch(self.config.agent.repeat_limit), context=context)
         try:
             while True:
                 self._count_step(turn)
-                messages = await self._fit(channel, episode, messages)
+                messages = await self._fit(turn, messages)
                 reply, stored = await self._step(turn, messages)
                 if reply.tool_calls:
                     await self._tool_round(turn, messages, reply.tool_calls)
@@ -220,7 +234,13 @@ class Agent:
         self.progress(turn.channel, f"step {turn.steps}: thinking")
         offered = set() if turn.no_tools else self.tool_names()
         reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
-        stored = await self._store(turn.episode, assistant_step(reply))
+        step, prefix = assistant_step(reply), None
+        if turn.context is not None:  # the exact prompt, for the night (bot.storage.prefixes)
+            meta, prefix = turn.context.for_step(messages, bool(offered))
+            step.meta = {**(step.meta or {}), "context": meta}
+        stored = await self._store(turn.episode, step, prefix)
+        if prefix is not None:
+            turn.context.saved()
         turn.last_step_id = stored.id
         messages.append(assistant_message(reply))
         return reply, stored
@@ -350,10 +370,10 @@ class Agent:
         return (text[:limit] + f"\n[... {cut} more characters cut: the output was too long. "
                 "Read it in parts, e.g. with read_file and an offset.]")
 
-    async def _store(self, episode: int, step: Step) -> StoredStep:
+    async def _store(self, episode: int, step: Step, prefix: Prefix | None = None) -> StoredStep:
         if not step.started_at:
             step.started_at = time.time()
-        return await self.store.add_step(episode, step)
+        return await self.store.add_step(episode, step, prefix=prefix)
 
     # -- stray end of turn -----------------------------------------------------
 
@@ -381,7 +401,7 @@ class Agent:
 
     # -- context overflow -----------------------------------------------------
 
-    async def _fit(self, channel: str, episode: int, messages: list[dict]) -> list[dict]:
+    async def _fit(self, turn: _Turn, messages: list[dict]) -> list[dict]:
         """Compact older messages into a summary when the context would overflow."""
         agent = self.config.agent
         budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
@@ -393,8 +413,10 @@ class Agent:
         if not old:
             return messages
         summary = await self._summarise(old)
-        await self.store.add_event(channel, episode, "compaction",
+        await self.store.add_event(turn.channel, turn.episode, "compaction",
                                    {"messages": len(old), "summary": summary})
+        if turn.context is not None:
+            turn.context.compacted(keep + 1, turn.episode)
         return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
 
     def _schema_tokens(self) -> int:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.serving.client import Reply
-from bot.storage.store import Step, StoredStep
+from bot.storage.store import Prefix, Step, StoredStep
 
 _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
@@ -103,3 +104,49 @@ def outbox_files(ctx: Any) -> list[str]:
     files = list(outbox)
     outbox.clear()
     return files
+
+
+@dataclass
+class EpisodeContext:
+    """Which of the messages sent are the turn's own, and what came before them.
+
+    ``messages[:start]`` (the system prompt, the channel history, after a
+    compaction its summary) is the prompt prefix, stored once
+    (``bot.storage.prefixes``); ``messages[start:]`` are the episode's latest
+    stored steps, one message per step. Each assistant step records both, so
+    the night renders exactly what the model was sent.
+    """
+
+    start: int  # index of the episode's first message still in the context
+    tools_ref: str | None
+    sources: set[int] = field(default_factory=set)  # episodes whose text the prefix carries
+    _prefix: Prefix | None = None
+    _saved: bool = False
+
+    def opening(self, messages: list[dict]) -> Prefix:
+        """The turn's first prefix, for ``Store.start_turn`` to store with the episode."""
+        self._prefix, self._saved = self._prefix_of(messages), True
+        return self._prefix
+
+    def _prefix_of(self, messages: list[dict]) -> Prefix:
+        return Prefix(messages[:self.start], self.tools_ref, tuple(self.sources))
+
+    def for_step(self, messages: list[dict], tools: bool) -> tuple[dict, Prefix | None]:
+        """(the ``context`` meta of an assistant step sent ``messages``, the prefix to store
+        with it: None once stored)."""
+        if self._prefix is None:
+            self._prefix = self._prefix_of(messages)
+        meta = {"prefix": self._prefix.ref, "tail": len(messages) - self.start}
+        if not tools:
+            meta["tools"] = False
+        return meta, None if self._saved else self._prefix
+
+    def saved(self) -> None:
+        self._saved = True
+
+    def compacted(self, kept_from: int, episode: int) -> None:
+        """``messages[1:kept_from]`` became one summary message after the system prompt."""
+        if kept_from > self.start:  # the summary covers some of the episode's own steps
+            self.sources.add(episode)
+        self.start = max(2, self.start - kept_from + 2)
+        self._prefix, self._saved = None, False

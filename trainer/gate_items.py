@@ -139,9 +139,10 @@ def eval_items(rows: list[dict], limit: int) -> list[Item]:
     """The first request of each eval-split episode of the night's dataset, judged."""
     items = []
     for row in rows:
-        if row.get("kind") != "episode" or row.get("split") != "eval":
-            continue
-        user = next((m for m in row["messages"] if m["role"] == "user"), None)
+        if row.get("kind") != "episode" or row.get("split") != "eval" or row.get("context_group"):
+            continue  # one item per episode: its first row (trainer.context)
+        own = row["messages"][row.get("prefix_messages") or 0:]  # after the channel history
+        user = next((m for m in own if m["role"] == "user"), None)
         if user and isinstance(user.get("content"), str) and user["content"].strip():
             items.append(Item(f"episode:{row.get('episode_id')}", user["content"], None,
                               "eval"))

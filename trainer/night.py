@@ -3,6 +3,9 @@
     collect -> judge (windows, blind) -> rewards by precedence -> value (predict
             each sub-task) -> understand -> advantages (store table + JSONL + manifest)
 
+Each episode's row is rendered from the prompts its steps were sent (``trainer.context``:
+the stored prefix, then the episode), or from its own messages where none is stored.
+
 Rewards (``trainer.rewards``): a stored check's reward or a person's label
 rules its episode; the judge's sub-tasks count everywhere else. The judge
 reads every episode anyway, and the night reports its agreement with the
@@ -35,6 +38,7 @@ from bot.storage.store import Store
 from trainer.advantages import centre, episode_row, message_advantages, value_row
 from trainer.client import JsonClient
 from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
+from trainer.context import prefix_refs, with_context
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
 from trainer.rewards import (
     agreement,
@@ -103,7 +107,7 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
 
     clock = time.perf_counter()
     rows, table = await _rows(store, days, collection, subtasks, ruling, predictions, understood,
-                              settings, counts)
+                              settings, counts, scanner)
     await store.save_advantages(night_id, table)
     out = night_dir(config, night_id)
     dataset = _write_jsonl(out / "train.jsonl", rows)
@@ -233,8 +237,8 @@ async def _understand_all(store: Store, night_id: int, client: JsonClient, episo
 
 async def _rows(store: Store, days: dict, collection: Collection, subtasks: list[SubTask],
                 ruling: dict[int, SubTask], predictions: dict[str, Prediction],
-                understood: dict[int, float], settings, counts: Counter
-                ) -> tuple[list[dict], list[dict]]:
+                understood: dict[int, float], settings, counts: Counter,
+                scanner: SecretScanner) -> tuple[list[dict], list[dict]]:
     task_adv = task_advantages(subtasks, predictions, settings)
     ruled = {episode: s.key for episode, s in ruling.items()}
     covered: dict[int, list[float]] = {}
@@ -244,6 +248,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
     strays = {e["payload"]["step_id"] for e in await store.events("stray_end_of_turn")
               if e["payload"].get("answer") == "no"}
     rows, table = [], []
+    prefixes = await store.prompt_prefixes(prefix_refs(collection.episodes))
     for episode in collection.episodes:
         understanding = None if episode.id in ruling else understood.get(episode.id)
         row, adv = episode_row(episode, collection.split[episode.id], covered, understanding,
@@ -251,7 +256,9 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         rule = ruling.get(episode.id)
         row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
                                 if rule else {"source": "judge"})
-        rows.append(row)
+        exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)
+        counts[f"context:{fallback or 'exact'}"] += 1  # the exact prompt, or why not
+        rows += exact
         table += adv
     counts["advantage_mean_before_centring"] = round(centre(rows, table), 6)
     by_key = {s.key: s for s in subtasks}

@@ -76,8 +76,11 @@ Simplifications, where the rendering is not exact:
 - A row that offered tools but called none has only the plain view, so its
   observations are read there, without the tool list the ``auto`` requests
   showed before them.
-- The messages are assumed to be exactly those sent (no compaction inside the
-  row); ``<think>`` reasoning is collect's business.
+- The messages are assumed to be exactly those sent: ``trainer.context`` builds
+  rows from the stored prompt (prefix: system prompt, channel history, any
+  compaction summary; then the episode), one row per compaction. A row's first
+  ``context`` messages are IGNORE, like harness text: seen, never trained or
+  observed. ``<think>`` reasoning is collect's business.
 
 Other chat formats are refused with a clear error rather than rendered wrongly.
 """
@@ -291,7 +294,8 @@ def render_row(row: dict, tokenizer: Any, *, max_tokens: int | None = None,
         raise ValueError(f"trainer.tokens renders only {FUNCTION_CALLING!r}, not {chat_format!r}; "
                          "set model.chat_format to it or add a renderer for the format")
     messages, tools = row["messages"], row.get("tools") or []
-    harness = frozenset(row.get("harness") or ())
+    # The context-only lead (prompt prefix, steps an earlier row rendered) counts as harness.
+    harness = frozenset(row.get("harness") or ()) | frozenset(range(row.get("context") or 0))
     out = []
     tool_actions = action_messages(messages, tools, "tools", harness)
     if tool_actions:

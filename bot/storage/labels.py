@@ -11,8 +11,10 @@ Mixed into ``Store`` (it uses the store's locked ``_fetch`` and ``_write``).
   and its text is erased in place: each step's content, tool calls, speaker
   name and meta (which holds the tool list and any image hashes), and the
   payloads of its events except the reply-message ids that link Discord
-  messages to it. The rows themselves stay, so the ids that a past night's
-  advantages refer to still exist. Not erased: what a past night already
+  messages to it, and the prompt prefixes that carry its text (later turns'
+  history or summaries; those turns then train on their own messages alone).
+  The rows themselves stay, so the ids that a past night's advantages refer to
+  still exist. Not erased: what a past night already
   derived from it (judged sub-task descriptions in that night's ledger, the
   value memory, that night's JSONL dataset on disk).
 """
@@ -58,6 +60,10 @@ class LabelBook:
             await db.execute(
                 f"UPDATE events SET payload = '{{}}' WHERE episode_id = ? "
                 f"AND kind NOT IN ({marks})", (episode_id, *KEPT_EVENTS))
+            # Prompt prefixes that carry its text (history, summaries): bot.storage.prefixes.
+            await db.execute(
+                "DELETE FROM prompt_prefixes WHERE EXISTS (SELECT 1 FROM "
+                "json_each(prompt_prefixes.sources) WHERE json_each.value = ?)", (episode_id,))
             return cur.rowcount
 
     async def is_forgotten(self, episode_id: int) -> bool:

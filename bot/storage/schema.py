@@ -298,6 +298,17 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE episodes ADD COLUMN release_id INTEGER",
         "ALTER TABLE episodes ADD COLUMN forgotten_at REAL",
     ],
+    # 5: each distinct prompt prefix once (bot.storage.prefixes): what the model was sent
+    # before an episode's own messages; assistant steps refer to it by ref.
+    [
+        """CREATE TABLE prompt_prefixes (
+            ref TEXT PRIMARY KEY,
+            messages TEXT NOT NULL,
+            tools_ref TEXT,
+            sources TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -32,6 +32,7 @@ from bot.storage.group_commit import GroupCommit
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
+from bot.storage.prefixes import INSERT_PREFIX, Prefix, Prefixes
 from bot.storage.toolsets import ToolSets
 
 from bot.storage.schema import (
@@ -52,7 +53,7 @@ from bot.storage.schema import (
     stored_step,
 )
 
-__all__ = ["Episode", "SchemaTooNewError", "Step", "Store", "StoredStep"]
+__all__ = ["Episode", "Prefix", "SchemaTooNewError", "Step", "Store", "StoredStep"]
 
 _BUSY_TIMEOUT_MS = 10_000
 
@@ -64,7 +65,7 @@ def _missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
     return ValueError(f"episode {episode_id} is already {row['status']}, not open")
 
 
-class Store(NightLedger, ToolSets, LabelBook, JobBook):
+class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
@@ -205,10 +206,12 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
             return cur.lastrowid
 
     async def start_turn(self, channel_id: str, model_version: str | None,
-                         steps: list[Step], name: str = "") -> tuple[int, list[StoredStep]]:
-        """Open an episode with its first steps (system prompt, user message) in ONE
-        commit: the bookkeeping of a turn's start costs one transaction, not four.
-        Nothing is acknowledged before that commit; a failure leaves none of it."""
+                         steps: list[Step], name: str = "", prefix: Prefix | None = None
+                         ) -> tuple[int, list[StoredStep]]:
+        """Open an episode with its first steps (system prompt, user message) and the
+        turn's prompt prefix in ONE commit: the bookkeeping of a turn's start costs one
+        transaction, not four. Nothing is acknowledged before that commit; a failure
+        leaves none of it."""
         nonempty(channel_id, "channel_id")
         for step in steps:
             check_step(step)
@@ -223,6 +226,8 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
                 "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
                 "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
                 (channel_id, now, model_version)).lastrowid
+            if prefix is not None:
+                db.execute(INSERT_PREFIX, prefix.values())
             return episode_id, [stored_step(db.execute(INSERT_STEP, step_values(
                 step, episode_id)).fetchone()) for step in steps]
 
@@ -242,8 +247,10 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
 
         await self._commits.run(op)
 
-    async def add_step(self, episode_id: int, step: Step) -> StoredStep:
-        """Append a step and return it once it is committed (group commit).
+    async def add_step(self, episode_id: int, step: Step, prefix: Prefix | None = None
+                       ) -> StoredStep:
+        """Append a step and return it once it is committed (group commit); ``prefix``, the
+        prompt prefix its meta refers to (``bot.storage.prefixes``), is stored with it, once.
 
         The seq is computed inside the same INSERT, so concurrent writers (even
         from two processes) can never give one episode a gap or a duplicate;
@@ -255,9 +262,11 @@ class Store(NightLedger, ToolSets, LabelBook, JobBook):
         values = step_values(step, episode_id)
 
         def op(db: sqlite3.Connection) -> StoredStep:
+            if prefix is not None:  # in the step's savepoint: no step refers to a missing prefix
+                db.execute(INSERT_PREFIX, prefix.values())
             row = db.execute(INSERT_STEP, values).fetchone()
             if row is None:
-                raise _missing_or_closed(db, episode_id)
+                raise _missing_or_closed(db, episode_id)  # rolls the prefix back too
             return stored_step(row)
 
         return await self._commits.run(op)
