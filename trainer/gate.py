@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from bot.config import Config
 from bot.serving.chat_format import resolve_async
 from bot.storage.store import Store
 from trainer.client import JsonClient
+from trainer.gate_checks import SandboxScorer
 from trainer.gate_items import (
     OPEN_PROMPTS,
     AgentView,
@@ -58,7 +60,8 @@ SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1
 # answer's start and for repetition to show, and it bounds the gate's time on a CPU.
 GATE_MAX_TOKENS = 128
 GATE_CONTEXT = 4096
-Scorer = Callable[[dict, str], "float | None"]  # (check, answer) -> [0, 1], or None: unscored
+# (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
+Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
 
 @dataclass
@@ -213,8 +216,10 @@ async def score_side(client: JsonClient, items: list[Item], answers: list[str],
     scores = await judged_scores(client, [i.request for i, _ in judged], [a for _, a in judged])
     side.scores.update({i.id: None if s is None else (s + 1) / 2
                         for (i, _), s in zip(judged, scores)})
-    side.scores.update({i.id: scorer(i.check, a) for i, a in zip(items, answers)
-                        if i.check is not None})
+    for item, answer in zip(items, answers):
+        if item.check is not None:
+            score = scorer(item.check, answer)
+            side.scores[item.id] = await score if inspect.isawaitable(score) else score
     opened = [s for s in await judged_scores(client, OPEN_PROMPTS, open_answers) if s is not None]
     side.open_score = sum(opened) / len(opened) if opened else None
     return side
@@ -238,11 +243,13 @@ def settings_of(config: Config) -> GateSettings:
 async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
                    before: tuple[Path, Path | None], after: tuple[Path, Path | None],
                    check: Callable[[], Awaitable[None]] | None = None,
-                   scorer: Scorer = score_check) -> GateReport:
+                   scorer: Scorer | None = None) -> GateReport:
     """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide.
 
     ``args`` are the night job's inputs (``agent_view``, ``heldout``); ``rows`` its
-    dataset (for the eval split); ``check`` runs between the two sides (cancellation)."""
+    dataset (for the eval split); ``check`` runs between the two sides (cancellation).
+    Checks are scored in the sandbox (``trainer.gate_checks``) unless ``scorer`` is given."""
+    scorer = scorer or SandboxScorer(config)
     items = heldout_items(config, args) + eval_items(rows, config.night.eval_max)
     view = await agent_view(config, store, args)
     # The context is bounded because of llama-cpp-python's endless tool arguments (see
@@ -265,6 +272,8 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     unscored = sum(1 for i in items if old.scores.get(i.id) is None
                    or new.scores.get(i.id) is None)
     if unscored:
+        failures = getattr(scorer, "failures", [])
         report.reasons.append(f"{unscored} of {len(items)} items could not be scored on both "
-                              "sides and were left out")
+                              "sides and were left out"
+                              + (f" (a check: {failures[0]})" if failures else ""))
     return report

@@ -101,10 +101,11 @@ def practice_agent(rt: Runtime) -> Agent:
 def publish_held_out(folder: Path, name: str, held: list[Task]) -> Path:
     """Write a set's held-out tasks where the night's gate reads them
     (``<data_dir>/heldout/<set>.jsonl``, one ``{"id", "prompt", "check"}`` per line).
-    Python checks stay out: the gate scores ``exact`` and ``regex`` checks itself."""
+    A python check travels with its code: the gate runs it in the sandbox
+    (``trainer.gate_checks``), on the answer alone, in an empty workspace."""
     folder.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"id": t.id, "prompt": t.prompt, "check": _gate_check(t)})
-             for t in held if t.check.kind in ("exact", "regex")]
+             for t in held]
     path = folder / f"{name}.jsonl"
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("".join(line + "\n" for line in lines))
@@ -115,6 +116,8 @@ def publish_held_out(folder: Path, name: str, held: list[Task]) -> Path:
 def _gate_check(task: Task) -> dict:
     if task.check.kind == "regex":  # practice matches the whole answer; the gate searches
         return {"regex": rf"\A\s*(?:{task.check.value})\s*\Z"}
+    if task.check.kind == "python":
+        return {"python": Path(task.check.value).name, "code": task.check.code}
     return {"exact": task.check.value}
 
 

@@ -10,9 +10,9 @@ once). The file is an ordinary practice set: ``/practice`` can run it.
 
 Its held-out share is the practice one (``practice.held_out_percent``, by a
 hash of the id) and is published where the gate reads held-out items, by the
-practice runner's own ``publish_held_out``. As for practice sets, only
-``exact`` and ``regex`` items reach the gate file: the gate cannot run a
-python check (it would need the sandbox).
+practice runner's own ``publish_held_out``; a python check travels there with
+its code, and the gate runs it in the sandbox (``trainer.gate_checks``): the
+model wrote it.
 """
 
 from __future__ import annotations
