@@ -50,6 +50,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     estimate_tokens,
     history_messages,
     outbox_files,
+    plain_messages,
     recent_start,
     strip_reasoning,
     text_of,
@@ -101,6 +102,8 @@ class _Turn:
     asked: bool = False  # the stray end-of-turn question was asked
     repeats: RepeatWatch | None = None
     no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
+    plain: bool = False  # ...and the context was rewritten in words for it (plain_messages)
+    results: list[tuple[str, str]] = field(default_factory=list)  # (tool, output) this turn
     last_step_id: int | None = None  # the latest stored assistant step
     context: EpisodeContext | None = None  # what precedes the episode's messages (None: unknown)
 
@@ -195,7 +198,8 @@ class Agent:
                 ask the model, store its message              (_step)
                 tool calls?  run them, store the observations (_tool_round)
                              and stop after too many malformed calls in a row;
-                             a call repeated with the same result: no tools next
+                             a call repeated with the same result: no tools next,
+                             asked from the conversation in words (_plain)
                 call syntax as text?  re-ask, a format error  (_format_error)
                 no calls?    ask whether it meant to stop     (_meant_to_continue)
                              otherwise it is the answer       (_answer)
@@ -209,6 +213,8 @@ class Agent:
             while True:
                 self._count_step(turn)
                 messages = await self._fit(turn, messages)
+                if turn.no_tools and not turn.plain:
+                    messages = self._plain(turn, messages)
                 reply, stored = await self._step(turn, messages)
                 if reply.tool_calls:
                     await self._tool_round(turn, messages, reply.tool_calls)
@@ -223,6 +229,18 @@ class Agent:
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
+
+    def _plain(self, turn: _Turn, messages: list[dict]) -> list[dict]:
+        """Rewrite the context in words for the answer without tools (``plain_messages``).
+        Like a compaction, it is a new prompt prefix, stored for the night: the rows
+        train the answer on what was sent, with no tool list."""
+        turn.plain = True
+        start = turn.context.start if turn.context is not None else 1
+        plain = plain_messages(messages, start, turn.results)
+        if turn.context is not None:
+            turn.context = EpisodeContext(len(plain), None,
+                                          turn.context.sources | {turn.episode})
+        return plain
 
     def _count_step(self, turn: _Turn) -> None:
         if turn.steps >= self.config.agent.max_steps:
@@ -329,6 +347,7 @@ class Agent:
             result = await self.tools.call(name, call["function"]["arguments"], turn.ctx)
             malformed |= result.meta.get("error") in FORMAT_ERRORS
             output = self._truncate(result.output if result.ok else f"ERROR: {result.output}")
+            turn.results.append((name, output))
             output = await self._repeat_check(turn, call, output)
             step = Step(role="tool", content=output, tool_call_id=call.get("id"), name=name,
                         started_at=started, duration_ms=(time.time() - started) * 1000,

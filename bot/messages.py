@@ -81,6 +81,40 @@ def recent_start(messages: list[dict], keep: int) -> int:
     return start
 
 
+PLAIN_RESULTS = ("What your tools returned this turn (no tools are offered for this answer; "
+                 "answer the last message in words):\n{lines}")
+_PLAIN_RESULTS_KEPT, _PLAIN_RESULT_CHARS = 4, 400
+
+
+def plain_messages(messages: list[dict], start: int, results: list[tuple[str, str]]
+                   ) -> list[dict]:
+    """The context of an answer asked without tools (a repeated call tripped), in words.
+
+    Under a function-calling template the calls in a context are rendered in the
+    template's own call syntax, and a small model offered no tools writes that syntax
+    back as text: the first-contact trial saw the same ``functions.read_file: {...}``
+    re-asked three times, then a turn that gave up. So the answer is asked from the
+    conversation's words alone: the system prompt, the earlier messages that are words
+    (``messages[1:start]``: history, a compaction summary), and the turn's request.
+    The last distinct ``results`` ((tool, output) of this turn) go in the system prompt:
+    placed before the request, the 135M model repeated them as its answer.
+    """
+    def words(m: dict) -> bool:
+        return m["role"] in ("user", "assistant") and not m.get("tool_calls") and bool(
+            text_of(m.get("content")).strip())
+
+    system = text_of(messages[0].get("content"))
+    kept = list(dict.fromkeys(results))[-_PLAIN_RESULTS_KEPT:]
+    if kept:
+        system += "\n\n" + PLAIN_RESULTS.format(lines="\n".join(
+            f"- {name}: {output.strip()[:_PLAIN_RESULT_CHARS]}" for name, output in kept))
+    head = [{"role": m["role"], "content": text_of(m.get("content"))}
+            for m in messages[1:start] if words(m)]
+    request = next((m for m in messages[start:] if m["role"] == "user"), None)
+    text = text_of(request.get("content")) if request else ""
+    return [{"role": "system", "content": system}, *head, {"role": "user", "content": text}]
+
+
 def assistant_step(reply: Reply) -> Step:
     return Step(role="assistant", content=reply.content, tool_calls=reply.tool_calls or None,
                 model_version=reply.model, started_at=time.time() - reply.duration_ms / 1000,

@@ -110,9 +110,15 @@ async def test_a_call_repeated_with_the_same_result_is_stopped_and_answered(stor
     assert len(llm.calls) == 6 and result.steps == 6
     assert all(kw.get("tools") for _, kw in llm.calls[:5])
     assert "tools" not in llm.calls[5][1] or llm.calls[5][1]["tools"] is None
-    last_observation = llm.calls[5][0][-1]
-    assert last_observation["role"] == "tool" and last_observation["name"] == "read_file"
-    assert "3rd time you made this same call" in last_observation["content"]
+    # The answer is asked from the conversation in words: under a function-calling
+    # template the calls would be rendered in the call syntax the model then writes back.
+    sent = llm.calls[5][0]
+    assert [m["role"] for m in sent] == ["system", "user"] and not any(
+        m.get("tool_calls") for m in sent)
+    assert sent[1]["content"] == "Hello from another channel."
+    results = sent[0]["content"].split("What your tools returned this turn", 1)[1]
+    assert "- read_file: a.txt: lines 1-1 of 1" in results and "- list_dir: " in results
+    assert results.count("- read_file:") == 1  # the same result once
     events = await store.events("repeated_call")
     assert len(events) == 1 and events[0]["episode_id"] == result.episode_id
     assert events[0]["payload"]["tool"] == "read_file"
@@ -146,7 +152,7 @@ async def test_call_syntax_after_tools_were_withdrawn_is_not_run(store, tmp_path
     def script(messages, kwargs):
         if kwargs.get("tools"):
             return call("read_file", {"path": "a.txt"}, f"c{len(messages)}")
-        if messages[-1]["role"] == "tool":
+        if not messages[-1]["content"].startswith("Your last message was tool-call syntax"):
             return say('functions.read_file: {"path": "a.txt"}')
         return say("It says alpha.")
 

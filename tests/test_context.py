@@ -250,3 +250,24 @@ async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp
     assert [r["ref"] for r in rows] == [prefix.ref]  # once; the refused step left nothing
     assert (await store.prompt_prefixes([prefix.ref, other.ref])) == {
         prefix.ref: {"messages": prefix.messages, "tools": []}}
+
+
+async def test_the_answer_asked_in_words_after_a_repeat_is_trained_on_what_was_sent(
+        store, tmp_path, tokenizer):
+    script = [say(f"answer {i}.") for i in range(3)] + [
+        call("add", {"a": 2, "b": 3}, f"c{i}") for i in range(3)] + [say("It is 5.")]
+    agent, llm, _ = make_agent(store, script, tmp_path, repeat_limit=3)
+    await _three_earlier_turns(agent)
+    result = await agent.turn("general", "add 2 and 3")
+    assert result.reply == "It is 5." and llm.calls[-1][1].get("tools") is None
+    episode = (await _episodes(store))[result.episode_id]
+    prefixes = await store.prompt_prefixes(prefix_refs([episode]))
+    answer = episode.steps[-1]
+    plain = prefixes[answer.meta["context"]["prefix"]]
+    assert answer.meta["context"]["tail"] == 0 and not plain["tools"]
+    assert plain["messages"] == llm.calls[-1][0]  # the words-only prompt, stored as sent
+    rows, why = with_context(_row(episode), episode, prefixes)
+    assert why is None and len(rows) == 2 and not rows[1]["tools"]
+    trained = "".join(tokenizer.decode([t for t, k in zip(seq.ids, seq.kinds) if k == ACTION])
+                      for row in rows for seq in render_row(row, tokenizer))
+    assert trained.count("It is 5.") == 1 and trained.count("functions.add") == 3
