@@ -56,9 +56,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     text_of,
     yes_no,
 )
-from bot.serving.chat_format import chat_format_name
 from bot.serving.client import LLM, LLMError, Reply
-from bot.serving.wire import needs_tool_choice
 from bot.storage.store import Prefix, Step, Store, StoredStep
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
@@ -164,29 +162,6 @@ class Agent:
             Step(role="user", content=text, name=speaker, started_at=now)], name=channel,
             prefix=context.opening(messages))
         return await self.run(channel, episode, messages, context)
-
-    async def demonstrate(self, channel: str, text: str, answer: str,
-                          speaker: str = "user") -> int:
-        """Record ``answer`` as the agent's direct reply to ``text``, a turn it did not
-        generate (a practice task's reference): the same context as ``turn`` would send,
-        its answer marked ``demonstration``. Returns the episode."""
-        system = self.system_prompt(channel)
-        tools_ref = await self.store.tool_set_ref(self.tools.schemas())
-        # A fresh channel's context: the system prompt alone is the prefix (no history).
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
-        context = EpisodeContext(1, tools_ref)
-        now = time.time()
-        episode, _ = await self.store.start_turn(channel, self.config.model.alias, [
-            Step(role="system", content=system, meta={"tools_ref": tools_ref}, started_at=now),
-            Step(role="user", content=text, name=speaker, started_at=now)], name=channel,
-            prefix=context.opening(messages))
-        tools = bool(self.tools.schemas())
-        meta: dict[str, Any] = {"demonstration": True, "context": context.for_step(messages, tools)[0]}
-        if tools and needs_tool_choice(chat_format_name(self.config)):
-            meta["choice"] = "message"  # as if chosen under the tool list (trainer.tokens)
-        await self._store(episode, Step(role="assistant", content=answer, meta=meta))
-        await self.store.end_episode(episode, "complete")
-        return episode
 
     async def run(self, channel: str, episode: int, messages: list[dict],
                   context: EpisodeContext | None = None) -> TurnResult:

@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
                       "bot.serving.wire", "bot.serving.chat_format",
-                      "bot.practice.sets"}  # standard library only: the gate's held-out items
+                      "bot.practice.sets",  # standard library only: the gate's held-out items
+                      "bot.practice.checks"}  # sets and the sandbox: the gate's python checks
 # Imports inside functions that load a heavy or optional dependency when used.
 # (The embedder loads its model, notes load chromadb, the front ends load discord.py.)
 LAZY_OK = {"bot.storage.embedder", "tools.notes", "bot.discord_front.app", "bot.doctor",

@@ -24,7 +24,7 @@ judged 0, a failure to learn from, not excluded.
 When no judged attempt of a task passed, its reference answer (``Task.reference``),
 once the task's check passes it, is recorded as one more episode of the group in a
 fresh channel ``...-reference``: the agent's own context, the reference as its
-answer (``Agent.demonstrate``), and a ``verifier_reward`` of 1 with check
+answer (``bot.practice.demonstration``), and a ``verifier_reward`` of 1 with check
 ``reference``. A group that only failed would otherwise teach nothing relative.
 
 The run is a job row (kind ``practice``) whose progress holds tasks done /
@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers
 from bot.practice.checks import Verdict, judge
+from bot.practice.demonstration import demonstrate
 from bot.practice.sets import PracticeSet, Task, load_set
 
 if TYPE_CHECKING:
@@ -204,7 +205,7 @@ async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
     if verdict.reward != 1.0:
         logger.warning("the reference of %s fails its own check: %s", task.id, verdict.why)
         return False
-    episode = await agent.demonstrate(channel, task.prompt, task.reference, "practice")
+    episode = await demonstrate(agent, channel, task.prompt, task.reference, "practice")
     await rt.store.add_event(channel, episode, "verifier_reward", {
         "task": task.id, "task_id": task.id, "set": pset.name, "group": f"{pset.name}:{task.id}:{run}",
         "check": "reference", "reward": 1.0, "demonstration": True})
