@@ -99,7 +99,7 @@ class _Turn:
     format_errors: int = 0  # malformed tool calls in a row
     asked: bool = False  # the stray end-of-turn question was asked
     repeats: RepeatWatch | None = None
-    no_tools: bool = False  # a repeated call tripped: the next ask offers no tools
+    no_tools: bool = False  # a repeated call tripped, or the last step: no tools offered
     plain: bool = False  # ...and the context was rewritten in words for it (plain_messages)
     results: list[tuple[str, str]] = field(default_factory=list)  # (tool, output) this turn
     last_step_id: int | None = None  # the latest stored assistant step
@@ -168,7 +168,7 @@ class Agent:
         """Continue a turn from ``messages`` until an answer, a limit or an error::
 
             loop:
-                stop at the step limit                        (_count_step)
+                stop at the step limit; the last step has no tools (_count_step)
                 compact the context if it would overflow      (_fit)
                 ask the model, store its message              (_step)
                 tool calls?  run them, store the observations (_tool_round)
@@ -222,6 +222,10 @@ class Agent:
             raise TurnEnded(f"(stopped after {turn.steps} steps without a final answer; "
                             "ask me to continue if needed)")
         turn.steps += 1
+        if turn.steps == self.config.agent.max_steps:
+            # A call made now could never be answered: the last step is asked for words
+            # (the embedded model looped through its tools to the limit on "Hello").
+            turn.no_tools = True
 
     async def _step(self, turn: _Turn, messages: list[dict]) -> tuple[Reply, StoredStep]:
         self.progress(turn.channel, f"step {turn.steps}: thinking")

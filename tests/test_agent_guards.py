@@ -178,3 +178,20 @@ async def test_the_tool_list_is_stored_once_per_tool_set_and_read_back_with_the_
     assert len(refs) == 1
     rows = await store._fetch("SELECT ref FROM tool_sets")
     assert [r["ref"] for r in rows] == list(refs)  # stored once for both turns
+
+
+async def test_the_last_step_is_asked_for_words_so_a_wandering_turn_still_answers(
+        store, tmp_path):
+    """Calls that differ each time (no repeat) until the step limit, as "Hello" did: the
+    last step offers no tools, in words, and its answer is the turn's."""
+    def wandering(messages, kwargs):
+        if not kwargs.get("tools"):
+            return say("Hello! How can I help?")
+        return call("read_file", {"path": f"f{len(messages)}.txt"}, f"c{len(messages)}")
+
+    agent, llm = make_agent(store, wandering, tmp_path, max_steps=4)
+    result = await agent.turn("general", "Hello from another channel.")
+    assert result.ok and result.reply == "Hello! How can I help?" and result.steps == 4
+    assert [bool(kw.get("tools")) for _, kw in llm.calls] == [True, True, True, False]
+    assert llm.calls[-1][0][-1] == {"role": "user", "content": "Hello from another channel."}
+    assert (await episode(store, result.episode_id)).status == "complete"

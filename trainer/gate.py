@@ -38,6 +38,7 @@ from typing import Awaitable, Callable
 
 from bot.config import Config
 from bot.serving.chat_format import resolve_async
+from bot.serving.shim import patch_handlers
 from bot.storage.store import Store
 from trainer.client import JsonClient
 from trainer.gate_checks import SandboxScorer
@@ -180,9 +181,11 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
 
 def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
              max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[str]:
-    """Greedy answers of one model, loaded for this call only, asked as the agent asks."""
+    """Greedy answers of one model, loaded for this call only, asked as the agent asks,
+    with the served handler's patches (templates unescaped, calls bounded)."""
     from llama_cpp import Llama
 
+    patch_handlers()
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
                 chat_format=chat_format, verbose=False, seed=0)
     try:

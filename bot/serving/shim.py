@@ -21,6 +21,15 @@ Jinja's ``tojson`` filter (the handler's tool list) still escapes ``<>&'`` as
 ``htmlsafe_json_dumps`` whatever the autoescape setting. That is valid JSON
 and is left alone.
 
+And ``bounded_calls``: that handler generates a tool call's arguments with no token
+limit (``max_tokens=None`` on its inner completions, whatever the request said), so a
+small model that writes an endless argument (a number or a string that never closes)
+fills the whole context before the request fails: minutes of grammar-constrained
+sampling on a CPU (a night's gate was seen spending over ten minutes on two such
+items). The handler is re-registered wrapped so that its inner completions stop at the
+request's ``max_tokens``; a cut argument is invalid JSON, which the agent answers as a
+format error, as it answers any malformed call.
+
 It also installs ``bot.serving.prompt_cache``: a prompt cache that keeps one saved
 state per conversation and lean state copies (see that module).
 
@@ -50,8 +59,49 @@ def plain_templates() -> None:
     llama_chat_format.ImmutableSandboxedEnvironment = PlainSandboxedEnvironment
 
 
-def main() -> None:
+class _Bounded:
+    """A ``Llama`` as the handler sees it, whose completions stop at ``limit`` tokens
+    where the handler asked for no limit. The handler uses only ``create_completion``
+    and ``verbose``; everything else reads through."""
+
+    def __init__(self, llama, limit: int) -> None:
+        self._llama, self._limit = llama, limit
+
+    def __getattr__(self, name: str):
+        return getattr(self._llama, name)
+
+    def create_completion(self, *args, **kwargs):
+        if kwargs.get("max_tokens") is None:
+            kwargs["max_tokens"] = self._limit
+        return self._llama.create_completion(*args, **kwargs)
+
+
+def bounded_calls(name: str = "chatml-function-calling") -> None:
+    """Re-register ``name``'s handler so a request's ``max_tokens`` bounds each of its
+    inner completions (idempotent). ``Llama`` looks the handler up at every request."""
+    from llama_cpp import llama_chat_format
+
+    handler = llama_chat_format.get_chat_completion_handler(name)
+    if getattr(handler, "_nightshift_bounded", False):
+        return
+
+    def bounded(llama, *args, **kwargs):
+        limit = kwargs.get("max_tokens")
+        return handler(llama if limit is None else _Bounded(llama, limit), *args, **kwargs)
+
+    bounded._nightshift_bounded = True
+    llama_chat_format.LlamaChatCompletionHandlerRegistry().register_chat_completion_handler(
+        name, bounded, overwrite=True)
+
+
+def patch_handlers() -> None:
+    """Both patches, for every process that generates as the server does (the gate too)."""
     plain_templates()
+    bounded_calls()
+
+
+def main() -> None:
+    patch_handlers()
     from bot.serving.prompt_cache import install
 
     install()  # the prompt cache's state handling; inert unless --cache is on (see there)
