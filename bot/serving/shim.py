@@ -39,6 +39,7 @@ Run it with exactly the arguments of ``python -m llama_cpp.server``:
 
 from __future__ import annotations
 
+import re
 import runpy
 
 
@@ -59,10 +60,16 @@ def plain_templates() -> None:
     llama_chat_format.ImmutableSandboxedEnvironment = PlainSandboxedEnvironment
 
 
+# The prompt of the handler's completion that writes a call's arguments ends with the
+# call's head; its other unbounded completions (the choice between a call and words, the
+# next call's name) are a few grammar-constrained tokens and keep their own stop.
+_ARGUMENTS = re.compile(r"functions\.[^\s:]+:\n\Z")
+
+
 class _Bounded:
-    """A ``Llama`` as the handler sees it, whose completions stop at ``limit`` tokens
-    where the handler asked for no limit. The handler uses only ``create_completion``
-    and ``verbose``; everything else reads through."""
+    """A ``Llama`` as the handler sees it, whose completions of a call's arguments stop
+    at ``limit`` tokens. The handler uses only ``create_completion`` and ``verbose``;
+    everything else reads through."""
 
     def __init__(self, llama, limit: int) -> None:
         self._llama, self._limit = llama, limit
@@ -71,7 +78,9 @@ class _Bounded:
         return getattr(self._llama, name)
 
     def create_completion(self, *args, **kwargs):
-        if kwargs.get("max_tokens") is None:
+        prompt = kwargs.get("prompt", args[0] if args else None)
+        if (kwargs.get("max_tokens") is None and isinstance(prompt, str)
+                and _ARGUMENTS.search(prompt)):
             kwargs["max_tokens"] = self._limit
         return self._llama.create_completion(*args, **kwargs)
 
