@@ -7,8 +7,6 @@ file wrote its argument until the context was full (52 s, then an error, for a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import httpx
@@ -16,6 +14,7 @@ import pytest
 
 from bot.serving.shim import patch_handlers
 from bot.serving.wire import FUNCTION_CALLING
+from tests.shim_server import shim_server
 
 WRITE_FILE = [{"type": "function", "function": {
     "name": "write_file", "description": "Write a file",
@@ -57,30 +56,11 @@ def test_the_gates_in_process_model_stops_an_endless_argument(served_gguf):
 
 @pytest.mark.slow
 def test_the_shimmed_server_stops_an_endless_argument(served_gguf, free_port, tmp_path):
-    argv = [sys.executable, "-m", "bot.serving.shim", "--model", str(served_gguf), "--port",
-            str(free_port), "--chat_format", FUNCTION_CALLING, "--n_ctx", "2048"]
-    base = f"http://127.0.0.1:{free_port}/v1"
-    with open(tmp_path / "server.log", "wb") as log:
-        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{base}/models", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the shimmed server never answered /v1/models"
-            time.sleep(0.2)
+    with shim_server(served_gguf, free_port, tmp_path) as base:
         started = time.monotonic()
         reply = httpx.post(f"{base}/chat/completions", timeout=120, trust_env=False, json={
             "messages": ENDLESS, "tools": WRITE_FILE, "tool_choice": "auto",
             "temperature": 0, "max_tokens": LIMIT}).json()
-        assert time.monotonic() - started < 30
-        _cut_call(reply["choices"][0]["message"])
-        assert reply["usage"]["completion_tokens"] <= LIMIT
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    assert time.monotonic() - started < 30
+    _cut_call(reply["choices"][0]["message"])
+    assert reply["usage"]["completion_tokens"] <= LIMIT

@@ -22,6 +22,7 @@ from bot.serving.client import LLM
 from bot.serving.special_tokens import SPECIAL_TEXT, ZERO_WIDTH_SPACE, neutralise
 from bot.serving.wire import FUNCTION_CALLING, server_messages
 from sandbox.paths import Workspace
+from tests.shim_server import shim_server
 from tests.test_llm import completion
 from tools import Registry, ToolContext
 from trainer.tokens import OBSERVATION, render_prompt, render_row
@@ -179,10 +180,6 @@ async def scripted():
 @pytest.mark.slow
 def test_the_real_server_reads_the_neutralised_text_we_render(vocab, served_gguf, free_port, tmp_path):
     """The shimmed llama.cpp server counts exactly the tokens of our neutralised rendering."""
-    import subprocess
-    import sys
-    import time
-
     import httpx
 
     llm_tokens, control = vocab
@@ -191,26 +188,8 @@ def test_the_real_server_reads_the_neutralised_text_we_render(vocab, served_gguf
     ours = render_prompt(messages, None, "none")
     ids = llm_tokens.tokenize(ours.encode(), add_bos=False, special=True)
     assert control_counts(llm_tokens, control, ours) == {"<|im_start|>": 3, "<|im_end|>": 2}
-    argv = [sys.executable, "-m", "bot.serving.shim", "--model", str(served_gguf), "--port",
-            str(free_port), "--chat_format", FUNCTION_CALLING, "--n_ctx", "2048"]
-    base = f"http://127.0.0.1:{free_port}/v1"
-    with open(tmp_path / "server.log", "wb") as log:
-        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{base}/models", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the shimmed server never answered /v1/models"
-            time.sleep(0.2)
+    with shim_server(served_gguf, free_port, tmp_path) as base:
         reply = httpx.post(f"{base}/chat/completions", timeout=120, trust_env=False, json={
             "messages": server_messages(messages, FUNCTION_CALLING), "max_tokens": 1,
             "temperature": 0}).json()
-    finally:
-        server.kill()
-        server.wait(timeout=10)
     assert reply["usage"]["prompt_tokens"] == len(ids)

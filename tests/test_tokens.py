@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -14,6 +11,7 @@ from llama_cpp import llama_chat_format
 
 from bot.serving.shim import plain_templates
 from bot.serving.wire import FUNCTION_CALLING, server_messages
+from tests.shim_server import shim_server
 from trainer.tokens import (
     ACTION,
     GENERATION_PROMPT,
@@ -313,28 +311,10 @@ def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free
             "function": {"name": "read_file", "arguments": '{"path": "x<y \\"q\\".txt"}'}}
     messages = [*EPISODE[:2], {"role": "assistant", "content": None, "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "c1", "name": "read_file", "content": "x < y && z"}]
-    argv = [sys.executable, "-m", "bot.serving.shim", "--model", str(served_gguf), "--port", str(free_port),
-            "--chat_format", FUNCTION_CALLING, "--n_ctx", "2048"]
-    base = f"http://127.0.0.1:{free_port}/v1"
-    with open(tmp_path / "server.log", "wb") as log:
-        server = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{base}/models", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the shimmed server never answered /v1/models"
-            time.sleep(0.2)
+    with shim_server(served_gguf, free_port, tmp_path) as base:
         reply = httpx.post(f"{base}/chat/completions", timeout=120, trust_env=False, json={
             "messages": server_messages(messages, FUNCTION_CALLING), "tools": TOOLS,
             "tool_choice": "auto", "max_tokens": 1, "temperature": 0, "seed": 0}).json()
-    finally:
-        server.kill()
-        server.wait(timeout=10)
     ours = render_prompt(messages, TOOLS, "auto")
     assert '"path": "x<y \\"q\\".txt"' in ours and "&#34;" not in ours
     message = reply["choices"][0]["message"]
