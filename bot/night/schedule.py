@@ -32,6 +32,7 @@ from datetime import datetime, time, timedelta, tzinfo
 from typing import TYPE_CHECKING
 
 from bot.config.routines import Weekly, parse_weekly, parse_window
+from bot.periodic import every
 
 if TYPE_CHECKING:
     from bot.config import Config
@@ -195,20 +196,12 @@ class SleepSchedule:
 
     def start(self) -> None:
         if self.enabled and self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="sleep-schedule")
+            self._task = asyncio.create_task(
+                every(lambda: self.interval_s, self.tick, "sleep schedule check"),
+                name="sleep-schedule")
 
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the schedule must outlive any one bad check
-                logger.exception("sleep schedule check failed")
-            await asyncio.sleep(self.interval_s)

@@ -24,6 +24,7 @@ import subprocess
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bot.night.jobs import ACTIVE, is_trainer, reap, start_trainer, stop_trainer
+from bot.periodic import every
 
 if TYPE_CHECKING:
     from bot.config import Config
@@ -58,7 +59,8 @@ class NightWatch:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="night-watch")
+            self._task = asyncio.create_task(
+                every(lambda: self.interval_s, self.poll, "night watch poll"), name="night-watch")
 
     async def close(self) -> None:
         """Stop watching, and stop the nights this bot started: they need its model server.
@@ -83,16 +85,6 @@ class NightWatch:
         """Start a failed or cancelled night again where it stopped."""
         await self.store.update_job(job_id, state="queued", error="")
         await self.launch(job_id)
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the watch must outlive any one bad poll
-                logger.exception("night watch poll failed")
-            await asyncio.sleep(self.interval_s)
 
     async def poll(self) -> None:
         for job in await self.store.jobs("sleep"):

@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo
 from bot.channels import ChannelWorkers
 from bot.config.routines import parse_clock
 from bot.night.jobs import ACTIVE
+from bot.periodic import every
 from bot.practice.runner import practice_agent
 from bot.selfplay.keep import set_path
 from bot.selfplay.round import PROPOSER_SECTION, Outcome, Round, proposer_channel
@@ -138,7 +139,9 @@ class SelfPlay:
 
     def start_schedule(self) -> None:
         if self.daily is not None and self._loop is None:
-            self._loop = asyncio.create_task(self._schedule(), name="selfplay-schedule")
+            self._loop = asyncio.create_task(
+                every(lambda: self.rt.config.sleep.check_interval_s, self.tick,
+                      "self-play schedule check"), name="selfplay-schedule")
 
     def _last_daily(self) -> datetime:
         """The latest daily time at or before now."""
@@ -159,16 +162,6 @@ class SelfPlay:
         await self.rt.announce(channel, f"Scheduled self-play ({self.rt.config.selfplay.daily} "
                                         f"{self.rt.config.sleep.time_zone}): {answer}")
         return answer
-
-    async def _schedule(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the schedule must outlive any one bad check
-                logger.exception("self-play schedule check failed")
-            await asyncio.sleep(self.rt.config.sleep.check_interval_s)
 
 
 def _progress(outcomes: list[Outcome], rounds: int) -> dict:
