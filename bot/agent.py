@@ -94,6 +94,7 @@ class _Turn:
     channel: str
     episode: int
     ctx: Any  # the channel's tool context
+    context: EpisodeContext  # what precedes the episode's messages in the prompt
     steps: int = 0
     tool_rounds: int = 0
     format_errors: int = 0  # malformed tool calls in a row
@@ -103,7 +104,6 @@ class _Turn:
     plain: bool = False  # ...and the context was rewritten in words for it (plain_messages)
     results: list[tuple[str, str]] = field(default_factory=list)  # (tool, output) this turn
     last_step_id: int | None = None  # the latest stored assistant step
-    context: EpisodeContext | None = None  # what precedes the episode's messages (None: unknown)
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Agent:
         return await self.run(channel, episode, messages, context)
 
     async def run(self, channel: str, episode: int, messages: list[dict],
-                  context: EpisodeContext | None = None) -> TurnResult:
+                  context: EpisodeContext) -> TurnResult:
         """Continue a turn from ``messages`` until an answer, a limit or an error::
 
             loop:
@@ -182,8 +182,8 @@ class Agent:
         A ``TurnEnded`` (a limit, a server failure) ends the turn with its message;
         anything else is a harness bug: the episode is marked errored and it is raised.
         """
-        turn = _Turn(channel, episode, self.context_for(channel),
-                     repeats=RepeatWatch(self.config.agent.repeat_limit), context=context)
+        turn = _Turn(channel, episode, self.context_for(channel), context,
+                     repeats=RepeatWatch(self.config.agent.repeat_limit))
         try:
             while True:
                 self._count_step(turn)
@@ -210,11 +210,8 @@ class Agent:
         Like a compaction, it is a new prompt prefix, stored for the night: the rows
         train the answer on what was sent, with no tool list."""
         turn.plain = True
-        start = turn.context.start if turn.context is not None else 1
-        plain = plain_messages(messages, start, turn.results)
-        if turn.context is not None:
-            turn.context = EpisodeContext(len(plain), None,
-                                          turn.context.sources | {turn.episode})
+        plain = plain_messages(messages, turn.context.start, turn.results)
+        turn.context = EpisodeContext(len(plain), None, turn.context.sources | {turn.episode})
         return plain
 
     def _count_step(self, turn: _Turn) -> None:
@@ -231,10 +228,10 @@ class Agent:
         self.progress(turn.channel, f"step {turn.steps}: thinking")
         offered = set() if turn.no_tools else self.tool_names()
         reply = template_call(await self._ask(messages, tools=bool(offered)), offered)
-        step, prefix = assistant_step(reply), None
-        if turn.context is not None:  # the exact prompt, for the night (bot.storage.prefixes)
-            meta, prefix = turn.context.for_step(messages, bool(offered))
-            step.meta = {**(step.meta or {}), "context": meta}
+        step = assistant_step(reply)
+        # The exact prompt, for the night (bot.storage.prefixes).
+        meta, prefix = turn.context.for_step(messages, bool(offered))
+        step.meta = {**(step.meta or {}), "context": meta}
         stored = await self._store(turn.episode, step, prefix)
         if prefix is not None:
             turn.context.saved()
@@ -413,8 +410,7 @@ class Agent:
         summary = await self._summarise(old)
         await self.store.add_event(turn.channel, turn.episode, "compaction",
                                    {"messages": len(old), "summary": summary})
-        if turn.context is not None:
-            turn.context.compacted(keep + 1, turn.episode)
+        turn.context.compacted(keep + 1, turn.episode)
         return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
 
     def _schema_tokens(self) -> int:
