@@ -66,7 +66,7 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta"):
+    for key in ("epochs", "lr", "beta", "imitation", "min_steps"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -250,6 +250,8 @@ def main() -> None:
                         help="model.context_tokens (and train.max_tokens)")
     parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
     parser.add_argument("--beta", type=float)
+    parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
+    parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--chat-format", default=Config().model.chat_format,
                         help="model.chat_format (plain chatml offers no tool calls)")
     parser.add_argument("--tools", nargs="*", default=[],

@@ -89,7 +89,7 @@ def step_time(model_dir: Path, tokens: int, reps: int) -> dict:
         model(input_ids=ids, labels=ids).loss.backward()
 
     def ours() -> None:
-        oapl, echo, _ = T.micro_losses(policy, [example], settings, 0, torch.device("cpu"))
+        oapl, echo, _, _ = T.micro_losses(policy, [example], settings, 0, torch.device("cpu"))
         (oapl + echo).backward()
 
     def lag() -> None:
@@ -137,7 +137,7 @@ def memory_child(model_dir: Path, length: int) -> dict:
         before = _rss_kb("VmRSS") * 1024
     started = time.perf_counter()
     T.fill_lag(model, policy, [example], settings, 0, device)
-    oapl, echo, _ = T.micro_losses(policy, [example], settings, 0, device)
+    oapl, echo, _, _ = T.micro_losses(policy, [example], settings, 0, device)
     (oapl + echo).backward()
     optimizer.step()
     seconds = time.perf_counter() - started

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import echo_loss, oapl_loss, sdft_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss, sdft_loss
 
 NAN = float("nan")
 
@@ -110,3 +110,13 @@ def test_sdft_is_the_reverse_kl_from_student_to_teacher_over_masked_tokens():
 def test_sdft_is_zero_when_student_matches_teacher():
     logp = torch.log_softmax(torch.randn(2, 3, 5), dim=-1)
     assert sdft_loss(logp, logp.clone(), torch.ones(2, 3, dtype=torch.bool)).item() == pytest.approx(0, abs=1e-7)
+
+
+def test_imitation_is_the_weighted_length_normalised_ce_of_demonstration_tokens():
+    logp = torch.tensor([[0.0, -2.0, -4.0], [0.0, -1.0, -1.0]], requires_grad=True)
+    demo = torch.tensor([[False, True, True], [False, False, False]])  # only row 0 has one
+    loss = imitation_loss(logp, demo, weight=2.0)
+    assert loss.item() == pytest.approx(2.0 * (2.0 + 4.0) / 2)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
+    assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0

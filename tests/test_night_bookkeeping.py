@@ -221,3 +221,19 @@ async def test_a_night_without_a_live_trainer_does_not_hold_the_console(tmp_path
         assert err.getvalue() == "" and (await rt.store.job(job))["state"] == "queued"
     finally:
         await rt.close()
+
+
+def test_adapter_mode_continues_the_live_adapter_and_merged_mode_starts_fresh(tmp_path):
+    from bot.config import Config
+    from trainer.sleep import live_adapter
+
+    release = tmp_path / "night-0003"
+    release.mkdir()
+    (release / "adapter_model.safetensors").write_bytes(b"x")
+    lora = release / "adapter-f16.gguf"
+    config = Config()
+    config.night.export_mode = "adapter"
+    assert live_adapter(config, lora) == release
+    assert live_adapter(config, None) is None  # the base serves: a fresh LoRA
+    config.night.export_mode = "merged"
+    assert live_adapter(config, lora) is None

@@ -246,3 +246,21 @@ def test_the_night_reads_the_practice_runners_events_as_verifier_rewards():
     unjudged = read_verifier_event({**base, "reward": None, "error": "the check timed out",
                                     "why": "the check timed out"})
     assert unjudged.reward is None and "timed out" in unjudged.error
+
+
+def test_a_demonstration_is_listed_for_imitation_and_left_out_of_oapl_and_the_centring():
+    from trainer.advantages import centre
+
+    steps = [_step(0, "system", "sys"), _step(1, "user", "What is 3 times 9?"),
+             _step(2, "assistant", "27")]
+    steps[2].meta = {"demonstration": True}
+    demo = Episode(1, "c", 0.0, 1.0, "complete", None, steps)
+    tried = Episode(2, "c", 0.0, 1.0, "complete", None,
+                    [_step(0, "system", "sys"), _step(1, "user", "What is 3 times 9?"),
+                     _step(5, "assistant", "3 times 9 is 27.")])
+    demo_row, table = episode_row(demo, "train", {102: [0.8]}, None, set(), NightConfig())
+    tried_row, _ = episode_row(tried, "train", {105: [-0.2]}, None, set(), NightConfig())
+    assert demo_row["imitate"] == [2] and demo_row["advantages"][2] is None
+    assert table[0]["advantage"] == pytest.approx(0.8)  # the report still shows it
+    assert tried_row["imitate"] == []
+    assert centre([demo_row, tried_row], []) == pytest.approx(-0.2)  # the attempt alone

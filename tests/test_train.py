@@ -293,3 +293,53 @@ def test_a_missing_base_checkpoint_is_a_clear_error_not_a_hub_lookup(tmp_path, c
     with pytest.raises(SystemExit) as caught:
         T.main(["--data", str(data), "--base", str(tmp_path / "nothing"), "--out", str(tmp_path)])
     assert caught.value.code == 2 and "nothing is missing" in capsys.readouterr().err
+
+
+def test_a_demonstration_is_imitated_its_likelihood_rises_and_it_is_no_oapl_term(base_dir, tmp_path):
+    """A reference answer the model would never write: OAPL could move it A / beta nats at
+    most; the imitation loss raises its log-likelihood with no such ceiling."""
+    demo = {"kind": "episode", "episode_id": 9, "split": "train", "tools": [], "messages": [
+        {"role": "user", "content": "Reply with the word cloud in brackets."},
+        {"role": "assistant", "content": "[CLOUD]"}],
+        "advantages": [None, None], "imitate": [1], "token_overrides": [], "labels": []}
+    tokenizer = _tokenizer(base_dir)
+    settings = T.Settings(steps=15, lr=5e-3, micro_batch=2, progress=False)
+    (example,) = T.build_examples([demo], tokenizer, settings)
+    assert example.terms == 0 and int(example.demo.sum()) >= 3  # "[CLOUD]<|im_end|>" tokens
+    events = []
+    result = T.train([demo], base_dir, tmp_path, settings, on_step=events.append)
+    policy = T.Policy(result.model, chunk=64)
+    with torch.no_grad():
+        after = policy(example.ids[None])[0][example.demo].sum()
+        with result.model.disable_adapter():
+            before = policy(example.ids[None])[0][example.demo].sum()
+    assert after > before + 5.0  # nats: far past what the message's tokens started at
+    assert events[0]["imitation"] > 0 and events[-1]["imitation"] < events[0]["imitation"] - 1.0
+    assert events[-1]["oapl"] == 0.0
+    assert T.Settings(imitation=0.0).imitation == 0.0
+
+
+def test_a_continued_adapter_is_pi_lag_and_the_next_night_starts_from_it(trained, base_dir, tmp_path):
+    """Adapter mode chains nights: night 2 loads night 1's adapter, its pi_lag is that
+    model (so the first step's log-ratios are 0), and its update starts where 1 ended."""
+    first, _ = trained
+    tokenizer = _tokenizer(base_dir)
+    events = []
+    settings = T.Settings(steps=2, lr=1e-3, beta=1.0, progress=False,
+                          start_adapter=str(first.out_dir))
+    second = T.train(_rows(), base_dir, tmp_path, settings, on_step=events.append)
+    assert events[0]["logratio_pos"] == pytest.approx(0, abs=1e-4)
+    assert events[0]["oapl"] == pytest.approx((0.25 + 0.25 + 1.0 + 0.64 + 0.04) / 5, rel=1e-3)
+    one = dict(first.model.named_parameters())
+    moved = [float((p - one[n]).abs().max()) for n, p in second.model.named_parameters()
+             if "lora_B" in n]
+    assert 0 < max(moved) < 0.1 * max(float(one[n].abs().max()) for n in one if "lora_B" in n)
+    fresh = T.load_model(base_dir, T.Settings())
+    examples = T.build_examples(_rows(), tokenizer, T.Settings())
+    T.fill_lag(fresh, T.Policy(fresh, chunk=64), examples, T.Settings(), tokenizer.pad_token_id,
+               torch.device("cpu"))
+    chained = T.build_examples(_rows(), tokenizer, T.Settings())
+    loaded = T.load_model(base_dir, settings)
+    T.fill_lag(loaded, T.Policy(loaded, chunk=64), chained, settings, tokenizer.pad_token_id,
+               torch.device("cpu"))
+    assert not torch.allclose(examples[0].lag, chained[0].lag)  # night 1's model, not the base

@@ -27,6 +27,13 @@ override (not centred: it is a fixed penalty on one token). The probe itself
 ``meta.probe``) is harness text: listed in the row's ``harness`` so that
 ``trainer.tokens`` neither trains nor observes it. Messages with no advantage
 are left out of OAPL.
+
+A demonstration (a practice task's reference, recorded because no attempt
+passed: ``meta.demonstration``) is listed in the row's ``imitate`` and trained
+by likelihood (``trainer.losses.imitation_loss``), not by OAPL: it was not
+sampled from the served model, so its advantage is left out of the row (and of
+the centring); the table still shows it. Its reward of 1 stays in its group's
+baseline, so the failed attempts beside it are pushed down.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
     harness = [i for i, s in enumerate(steps) if (s.meta or {}).get("probe")]
     assistants = [s for i, s in enumerate(steps) if s.role == "assistant" and i not in harness]
     penalty = settings.turn_penalty * max(0, len(assistants) - 1)
-    messages, advantages, overrides, table = [], [], [], []
+    messages, advantages, overrides, table, imitate = [], [], [], [], []
     tools: list = []
     for i, step in enumerate(steps):
         if step.role == "system":
@@ -94,10 +101,14 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
                               "advantage": value, "parts": parts})
             if step.id in stray_steps:
                 overrides.append({"message": i, "token": -1, "advantage": settings.stray_advantage})
+            if (step.meta or {}).get("demonstration"):
+                imitate.append(i)  # not sampled from pi_lag: imitated, not in OAPL
+                value = None
         advantages.append(value)
     row = {"kind": "episode", "episode_id": episode.id, "channel": episode.channel_id,
            "split": split, "tools": tools, "messages": messages, "advantages": advantages,
-           "token_overrides": overrides, "harness": harness, "labels": list(episode.labels)}
+           "token_overrides": overrides, "harness": harness, "imitate": imitate,
+           "labels": list(episode.labels)}
     return row, table
 
 

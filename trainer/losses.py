@@ -19,6 +19,16 @@ cross-entropy of each sequence's observation tokens normalised by their count
 (so a long tool output weighs as much as a short one), averaged over the
 sequences that have any.
 
+Imitation: ``weight * mean_b [ -sum_t logp_demo / n_demo(b) ]``, the same
+length-normalised cross-entropy as ECHO, on the tokens of a demonstration (a
+practice task's reference answer, given because none of the attempts passed).
+OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
+message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
+message was sampled from pi_lag. A reference the model would never write
+(log pi_lag of -30 nats over its tokens) is still improbable after +8 nats,
+so OAPL alone leaves a task no attempt could pass where it was; supervised
+likelihood has no such ceiling.
+
 SDFT (arXiv 2601.19897): the per-token reverse KL from student to teacher,
 ``KL(pi_s || pi_t) = sum_v pi_s(v) [log pi_s(v) - log pi_t(v)]``, averaged over
 the masked tokens. The teacher is the same model with privileged context (the
@@ -86,19 +96,35 @@ def oapl_loss(
     return loss, stats
 
 
+def masked_nll(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    mask: torch.Tensor,  # (B, T) bool: the tokens to predict
+) -> torch.Tensor:
+    """Mean over the sequences that have masked tokens of their length-normalised NLL."""
+    n = mask.to(logp.dtype).sum(dim=1)  # (B,)
+    has = n > 0  # (B,)
+    if not bool(has.any()):
+        return logp.sum() * 0.0
+    nll = -(torch.where(mask, logp, torch.zeros_like(logp))).sum(dim=1)  # (B,)
+    return (nll[has] / n[has]).mean()
+
+
 def echo_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
     obs_mask: torch.Tensor,  # (B, T) bool: observation tokens
     lam: float = 0.05,
 ) -> torch.Tensor:
     """lam * mean over sequences of the length-normalised CE of their observation tokens."""
-    mask = obs_mask.to(logp.dtype)  # (B, T)
-    n_obs = mask.sum(dim=1)  # (B,)
-    has = n_obs > 0  # (B,)
-    if not bool(has.any()):
-        return logp.sum() * 0.0
-    nll = -(torch.where(obs_mask, logp, torch.zeros_like(logp))).sum(dim=1)  # (B,)
-    return lam * (nll[has] / n_obs[has]).mean()
+    return lam * masked_nll(logp, obs_mask)
+
+
+def imitation_loss(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
+    weight: float = 1.0,
+) -> torch.Tensor:
+    """weight * mean over sequences of the length-normalised CE of their demonstrations."""
+    return weight * masked_nll(logp, demo_mask)
 
 
 def sdft_loss(

@@ -57,7 +57,7 @@ def checkpointing(setting: str, base_dir: Path) -> bool:
     return size >= 1 << 30
 
 
-HISTORY_KEYS = ("step", "oapl", "echo", "total", "logratio_pos", "logratio_neg")
+HISTORY_KEYS = ("step", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
 
 
 def _rounded(value: object) -> object:
@@ -121,7 +121,9 @@ class Night:
                                 self.progress["collected_until"])
         await self.set(remembered=True)
 
-    async def train(self, dataset: Path, base_dir: Path) -> dict:
+    async def train(self, dataset: Path, base_dir: Path, start_adapter: Path | None = None) -> dict:
+        """Train the night's LoRA on ``base_dir``; in adapter mode ``start_adapter`` is the live
+        release's adapter, continued (its model is pi_lag), so nights chain."""
         adapter = self.dir / "adapter"
         if (adapter / "adapter_model.safetensors").is_file() and "trained" in self.progress:
             return self.progress["trained"]
@@ -129,11 +131,12 @@ class Night:
         from trainer.train import Settings, read_rows, train
 
         t = self.config.train
-        settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, lr=t.lr, batch=t.batch,
-                            micro_batch=t.micro_batch, epochs=t.epochs, steps=t.steps or None,
-                            min_steps=t.min_steps,
+        settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
+                            lr=t.lr, batch=t.batch, micro_batch=t.micro_batch, epochs=t.epochs,
+                            steps=t.steps or None, min_steps=t.min_steps,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
                             seed=self.config.night.seed, progress=False,
+                            start_adapter=str(start_adapter) if start_adapter else None,
                             gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir),
                             chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
@@ -151,8 +154,8 @@ class Night:
 
     async def _training_step(self, event: dict) -> None:
         await self.check()
-        keep = ("step", "steps", "oapl", "echo", "total", "tokens_per_s", "logratio_pos",
-                "logratio_neg")
+        keep = ("step", "steps", "oapl", "echo", "imitation", "total", "tokens_per_s",
+                "logratio_pos", "logratio_neg")
         step = {k: event[k] for k in keep if k in event}
         # Every step's loss parts and log-ratios, for the night report's loss plot: a
         # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL).
@@ -160,7 +163,7 @@ class Night:
         history.append({k: _rounded(event.get(k)) for k in HISTORY_KEYS})
         await self.set(train_step=step, train_history=history)
 
-    async def export(self, base_dir: Path, steps: int) -> Path:
+    async def export(self, base_dir: Path, steps: int, base_gguf: Path) -> Path:
         release = self.config.data_dir / "releases" / f"night-{self.job_id:04d}"
         try:
             verify_release(release, base_dir)
@@ -171,7 +174,7 @@ class Night:
         converter = await asyncio.to_thread(fetch_converter, self.config.cache_dir)
         await asyncio.to_thread(export_release, self.dir / "adapter", base_dir, release, converter,
                                 night=self.job_id, step=steps, mode=self.config.night.export_mode,
-                                base_gguf=self.config.served_gguf)
+                                base_gguf=base_gguf)
         await asyncio.to_thread(verify_release, release, base_dir)
         return release
 
@@ -198,6 +201,16 @@ async def live_model(config: Config, store: Store) -> tuple[Path, Path | None, P
             return (Path(meta["gguf"]), lora,
                     Path(meta.get("merged_dir") or config.base_hf_dir), release["id"])
     return config.served_gguf, None, config.base_hf_dir, None
+
+
+def live_adapter(config: Config, live_lora: Path | None) -> Path | None:
+    """In adapter mode, the live release's PEFT adapter (beside its LoRA GGUF), which the
+    night continues: night N+1 is trained on top of N. None otherwise (a fresh LoRA on the
+    live merged checkpoint, or on the base)."""
+    if config.night.export_mode != "adapter" or live_lora is None:
+        return None
+    folder = live_lora.parent
+    return folder if (folder / "adapter_model.safetensors").is_file() else None
 
 
 async def run_night(config: Config, job_id: int | None = None, since: float | None = None) -> int:
@@ -236,10 +249,10 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     night.progress.setdefault("base_release", base_release)
     dataset = await night.judge()
     await night.check()
-    trained = await night.train(dataset, base_dir)
+    trained = await night.train(dataset, base_dir, live_adapter(config, live_lora))
     await night.remember()
     await night.check()
-    release = await night.export(base_dir, trained["steps"])
+    release = await night.export(base_dir, trained["steps"], live_gguf)
     await night.check()
     report = await night.gate(dataset, (live_gguf, live_lora), release, night.args)
     gguf, lora = serve_paths(release)

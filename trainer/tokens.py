@@ -126,6 +126,7 @@ class Rendered:
     messages: list[int]  # (T,) row message index; -1 for template glue
     advantages: dict[int, float] = field(default_factory=dict)  # judged action message -> A_i
     token_advantages: dict[int, float] = field(default_factory=dict)  # token position -> A_tok
+    imitated: set[int] = field(default_factory=set)  # action messages trained by likelihood
 
     def action_positions(self, message: int) -> list[int]:
         return [t for t, (k, m) in enumerate(zip(self.kinds, self.messages))
@@ -317,6 +318,7 @@ def _finish(seq: Rendered, row: dict, actions: set[int], max_tokens: int | None)
 
 def _attach_targets(seq: Rendered, row: dict, actions: set[int]) -> None:
     advantages = row.get("advantages") or []
+    seq.imitated = {i for i in row.get("imitate") or () if i in actions}
     for i in sorted(actions):
         if i < len(advantages) and advantages[i] is not None:
             seq.advantages[i] = float(advantages[i])
@@ -343,4 +345,5 @@ def truncate(seq: Rendered, max_tokens: int) -> Rendered:
         seq.view, seq.ids[:max_tokens], kinds, seq.messages[:max_tokens],
         {m: a for m, a in seq.advantages.items() if m not in cut},
         {t: a for t, a in seq.token_advantages.items() if t < max_tokens and seq.messages[t] not in cut},
+        seq.imitated - cut,
     )

@@ -5,11 +5,14 @@ Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
 1. pi_lag = the served checkpoint = this model with the LoRA disabled. Its
    log-prob of every token is computed once, under ``no_grad``, the first time
    a sequence is drawn (before any update that uses it), and cached: the base
-   never changes, so later epochs reuse it.
+   never changes, so later epochs reuse it. In adapter mode the night continues
+   the live adapter (``start_adapter``): pi_lag is the model with it as loaded,
+   so every sequence's log-probs are computed before the first update.
 2. For each micro-batch: log pi_theta of every token, in chunks (below);
-   ``oapl_loss`` on action tokens and ``echo_loss`` on observation tokens
-   (``trainer.losses``); backward, weighted so the accumulated gradient is that
-   of the batch means (messages for OAPL, sequences for ECHO).
+   ``oapl_loss`` on action tokens, ``echo_loss`` on observation tokens and
+   ``imitation_loss`` on demonstrations (``trainer.losses``); backward,
+   weighted so the accumulated gradient is that of the batch means (messages
+   for OAPL, sequences for ECHO and imitation).
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only.
 
 Steps: ``steps`` when set; else ``epochs`` passes over the data, but never
@@ -75,7 +78,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.losses import echo_loss, oapl_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss
 from trainer.tokens import ACTION, FUNCTION_CALLING, OBSERVATION, render_row
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -85,6 +88,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class Settings:
     beta: float = 0.1  # OAPL's KL strength; 1e-3 collapsed a prototype
     echo_lambda: float = 0.05  # weight of the observation cross-entropy
+    imitation: float = 1.0  # weight of the demonstrations' cross-entropy
     lr: float = 2e-4
     batch: int = 64  # sequences per optimizer step (gradient accumulation)
     micro_batch: int = 2  # sequences per forward/backward
@@ -102,6 +106,9 @@ class Settings:
     gradient_checkpointing: bool = True
     offload_activations: bool = False  # keep checkpointed activations in host memory (GPU)
     progress: bool = True  # the tqdm bar
+    # A PEFT adapter to continue instead of a fresh LoRA (adapter mode: the live night's).
+    # pi_lag is then the model with it, computed for every sequence before the first update.
+    start_adapter: str | None = None
 
 
 @dataclass
@@ -127,6 +134,11 @@ class Example:
     obs: torch.Tensor  # (T,) bool: observation tokens
     terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
     lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
+    demo: torch.Tensor | None = None  # (T,) bool: demonstration tokens (imitated)
+
+    def __post_init__(self) -> None:
+        if self.demo is None:
+            self.demo = torch.zeros(len(self.ids), dtype=torch.bool)
 
 
 def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list[Example]:
@@ -138,7 +150,7 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list
         for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens,
                               chat_format=settings.chat_format):
             example = _example(seq)
-            if example.terms or bool(example.obs.any()):
+            if example.terms or bool(example.obs.any()) or bool(example.demo.any()):
                 examples.append(example)
     return examples
 
@@ -148,6 +160,8 @@ def _example(seq: Any) -> Example:
     kinds = torch.tensor(seq.kinds)
     msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1
                         for k, m in zip(seq.kinds, seq.messages)])
+    demo = torch.tensor([k == ACTION and m in seq.imitated
+                         for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
     tok_adv = torch.full((len(seq.ids),), math.nan)
     for position, advantage in seq.token_advantages.items():
         tok_adv[position] = advantage
@@ -155,7 +169,7 @@ def _example(seq: Any) -> Example:
     terms = len(set(in_message[in_message >= 0].tolist())) + len(seq.token_advantages)
     return Example(torch.tensor(seq.ids), msg,
                    torch.tensor([seq.advantages[m] for m in sorted(seq.advantages)]),
-                   tok_adv, kinds == OBSERVATION, terms)
+                   tok_adv, kinds == OBSERVATION, terms, demo=demo)
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -164,6 +178,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     b = len(examples)
     out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
            "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
+           "demo": torch.zeros(b, length, dtype=torch.bool),
            "lag": torch.zeros(b, length)}
     offset = 0
     for row, e in enumerate(examples):
@@ -172,18 +187,20 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         out["msg"][row, :t] = torch.where(e.msg >= 0, e.msg + offset, e.msg)
         out["tok_adv"][row, :t] = e.tok_adv
         out["obs"][row, :t] = e.obs
+        out["demo"][row, :t] = e.demo
         if e.lag is not None:
             out["lag"][row, :t] = e.lag
         offset += len(e.adv)
     out["adv"] = torch.cat([e.adv for e in examples]) if offset else torch.zeros(0)
-    return out  # ids/msg/tok_adv/obs/lag: (B, T); adv: (M,)
+    return out  # ids/msg/tok_adv/obs/demo/lag: (B, T); adv: (M,)
 
 
 # -- model --------------------------------------------------------------------------
 
 
 def load_model(base_dir: str | Path, settings: Settings) -> Any:
-    """The base checkpoint in float32 with a fresh LoRA (B = 0, so pi_theta = pi_lag)."""
+    """The base checkpoint in float32 with a fresh LoRA (B = 0, so pi_theta = pi_lag), or
+    with ``settings.start_adapter`` loaded to train on."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -193,6 +210,10 @@ def load_model(base_dir: str | Path, settings: Settings) -> Any:
     if settings.gradient_checkpointing:
         base.activation_checkpointing_enable({"use_reentrant": False},
                                              offload=settings.offload_activations)
+    if settings.start_adapter:
+        from peft import PeftModel
+
+        return PeftModel.from_pretrained(base, str(settings.start_adapter), is_trainable=True)
     config = LoraConfig(r=settings.lora_r, lora_alpha=settings.lora_alpha, lora_dropout=0.0,
                         target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     with warnings.catch_warnings():  # peft still asks for the deprecated checkpointing name
@@ -284,9 +305,11 @@ def _micro_batches(chosen: list[Example], size: int) -> list[list[Example]]:
 @torch.no_grad()
 def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: Settings,
              pad_id: int, device: torch.device) -> None:
-    """pi_lag's log-probs (adapter disabled) for the examples that lack them."""
+    """pi_lag's log-probs for the examples that lack them: the adapter disabled (a fresh
+    LoRA's base), or as it is (a continued adapter, before any update)."""
     missing = [e for e in examples if e.lag is None]
-    with model.disable_adapter():
+    served = contextlib.nullcontext() if settings.start_adapter else model.disable_adapter()
+    with served:
         for micro in _micro_batches(missing, settings.micro_batch):
             batch = collate(micro, pad_id)
             logp = policy(batch["ids"].to(device)).float().cpu()  # (B, T)
@@ -295,13 +318,14 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
 
 
 def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pad_id: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
     logp = policy(batch["ids"])  # (B, T)
     oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
-    return oapl, echo, stats
+    imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation)
+    return oapl, echo, imitation, stats
 
 
 def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
@@ -314,17 +338,21 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     # Weights that turn micro-batch means into batch means, across processes too.
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
-    totals = {"oapl": 0.0, "echo": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
+    all_demo = max(sum(bool(e.demo.any()) for e in chosen), 1)
+    totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings.micro_batch)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
+        w_demo = sum(bool(e.demo.any()) for e in micro) / all_demo * acc.num_processes * weight
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:
-            oapl, echo, stats = micro_losses(policy, micro, settings, ctx["pad_id"], acc.device)
-            acc.backward(oapl * w_oapl + echo * w_echo)
+            oapl, echo, imitation, stats = micro_losses(policy, micro, settings, ctx["pad_id"],
+                                                        acc.device)
+            acc.backward(oapl * w_oapl + echo * w_echo + imitation * w_demo)
         totals["oapl"] += float(oapl.detach()) * w_oapl / acc.num_processes
         totals["echo"] += float(echo.detach()) * w_echo / acc.num_processes
+        totals["imitation"] += float(imitation.detach()) * w_demo / acc.num_processes
         for sign in ("pos", "neg"):
             if stats[f"n_{sign}"]:
                 totals[sign] += stats[f"logratio_{sign}"] * stats[f"n_{sign}"]
@@ -335,7 +363,8 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     tokens = sum(len(e.ids) for e in mine)
     seconds = time.perf_counter() - started
     return {
-        "oapl": totals["oapl"], "echo": totals["echo"], "total": totals["oapl"] + totals["echo"],
+        "oapl": totals["oapl"], "echo": totals["echo"], "imitation": totals["imitation"],
+        "total": totals["oapl"] + totals["echo"] + totals["imitation"],
         "logratio_pos": totals["pos"] / totals["n_pos"] if totals["n_pos"] else None,
         "logratio_neg": totals["neg"] / totals["n_neg"] if totals["n_neg"] else None,
         "grad_norm": float(grad_norm), "weight": weight, "sequences": len(mine), "tokens": tokens,
@@ -375,6 +404,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     policy.train()
     ctx = {"accelerator": accelerator, "settings": settings, "policy": policy, "model": model,
            "optimizer": optimizer, "trainable": trainable, "pad_id": pad_id}
+    if settings.start_adapter:  # the adapter moves from the first step: pi_lag before it
+        fill_lag(model, policy, examples, settings, pad_id, accelerator.device)
     # loop
     history, seen = [], 0
     show = settings.progress and accelerator.is_local_main_process
@@ -414,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("steps", "epochs", "min_steps", "batch", "micro_batch", "max_tokens", "seed",
                  "chunk"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("beta", "echo_lambda", "lr"):
+    for name in ("beta", "echo_lambda", "imitation", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
     parser.add_argument("--chat-format", default=defaults.chat_format,
                         help="the chat format the server used (python -m bot doctor says which)")

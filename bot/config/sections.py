@@ -327,6 +327,9 @@ class NightConfig(_Section):
 class TrainConfig(_Section):
     beta: float = Field(0.1, gt=0, description="OAPL's beta (> 0); 1e-3 collapsed a prototype")
     echo_lambda: float = Field(0.05, ge=0, description="the ECHO loss weight (>= 0)")
+    imitation: float = Field(
+        1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
+    )
     lr: float = Field(2e-4, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
     batch: int = Field(64, ge=1, description="sequences per optimizer step (>= 1)")
     micro_batch: int = Field(2, ge=1, description="sequences per forward pass (>= 1)")
