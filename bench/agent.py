@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bot.config import Config  # noqa: E402
-from fixtures import free_port  # noqa: E402
+from fixtures import DEFAULT_GGUF, free_port  # noqa: E402
 from bot.serving.client import LLM  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 
@@ -108,6 +108,8 @@ async def scripted_throughput(turns: int, channels: int, data_dir: Path,
         config.paths.data_dir = data_dir
         config.agent.queue_size = turns
         config.agent.tools = tools
+        if DEFAULT_GGUF.is_file():  # as a user has it: its chat format is read once, not
+            config.model.gguf = DEFAULT_GGUF  # looked for on every request as a missing file is
         base = f"http://127.0.0.1:{port}/v1"
         llm = LLM(config, base_url=base)
         rt = await Runtime.start(config, supervisor=FixedServer(base, config.served_gguf),

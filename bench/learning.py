@@ -6,7 +6,7 @@
 Steps, all through the real agent, llama.cpp server, sandbox and trainer:
 
 1. before: each family's held-out items, answered by the agent (greedy,
-   ``agent.temperature = 0``, its system prompt and every tool), each in a
+   ``agent.temperature = 0``, its system prompt and tools), each in a
    fresh channel, scored by the item's check (``bot.practice.checks``);
 2. a day of practice: ``/practice`` on each family's train items (the same
    code as the command), G samples at ``practice.temperature``;
@@ -66,7 +66,7 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "min_steps"):
+    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -74,7 +74,8 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
         "model": {"gguf": str(args.gguf), "hf_dir": str(args.model),
                   "context_tokens": args.context, "chat_format": args.chat_format},
         "server": {"port": free_port()},
-        "agent": {"temperature": 0.0, "max_steps": args.max_steps, "tools": args.tools},
+        "agent": {"temperature": 0.0, "max_steps": args.max_steps,
+                  "tools": args.tools or "auto"},
         "practice": {"temperature": args.temperature, "held_out_percent": 0},
         "night": {"probes_file": str(probes), "auto_promote": False},
         "train": train,
@@ -165,7 +166,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     config = load_config(write_config(work, args, probes))
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
-          f"tools: {', '.join(args.tools) or 'all'}; max steps {args.max_steps}; chat format "
+          f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps}; chat format "
           f"{args.chat_format}", flush=True)
     rt = await Runtime.start(config)
 
@@ -252,10 +253,11 @@ def main() -> None:
     parser.add_argument("--beta", type=float)
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
+    parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
     parser.add_argument("--chat-format", default=Config().model.chat_format,
                         help="model.chat_format (plain chatml offers no tool calls)")
     parser.add_argument("--tools", nargs="*", default=[],
-                        help="agent.tools: the tools offered (default: every tool)")
+                        help="agent.tools: the tools offered (default: auto, the product's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--night-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")

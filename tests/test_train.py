@@ -343,3 +343,55 @@ def test_a_continued_adapter_is_pi_lag_and_the_next_night_starts_from_it(trained
     T.fill_lag(loaded, T.Policy(loaded, chunk=64), chained, settings, tokenizer.pad_token_id,
                torch.device("cpu"))
     assert not torch.allclose(examples[0].lag, chained[0].lag)  # night 1's model, not the base
+
+
+def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logprobs_and_gradients(base_dir):
+    model = T.load_model(base_dir, T.Settings(gradient_checkpointing=False))  # else no cache
+    assert not model.get_base_model().is_activation_checkpointing
+    _lora_nonzero(model)
+    policy = T.Policy(model, chunk=16)
+    torch.manual_seed(3)
+    prefix = torch.randint(0, 1000, (1, 30))
+    ids = torch.cat([prefix.expand(3, 30), torch.randint(0, 1000, (3, 12))], dim=1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    weights = torch.randn(3, 42)
+    full = policy(ids)
+    full_grads = torch.autograd.grad((full * weights).sum(), trainable)
+    shared = policy(ids, shared=30)
+    shared_grads = torch.autograd.grad((shared * weights).sum(), trainable)
+    assert torch.allclose(full, shared, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(full_grads, shared_grads))
+    assert shared[:, 0].eq(0).all()
+
+
+def test_micro_batches_group_rows_by_their_shared_prefix_within_the_token_budget():
+    def example(tokens):
+        ids = torch.tensor(tokens)
+        return T.Example(ids, torch.full_like(ids, -1), torch.zeros(0),
+                         torch.full((len(ids),), float("nan")), torch.zeros(len(ids), dtype=torch.bool), 0)
+
+    a = [example([1] * 100 + [k, 7, 7]) for k in range(5)]  # one 100-token prompt
+    b = [example([2] * 50 + [k]) for k in range(3)]
+    micros = T._micro_batches([a[0], b[0], a[1], b[1], a[2], a[3], a[4], b[2]],
+                              T.Settings(micro_batch=4, micro_tokens=120))
+    assert sorted(len(m) for m in micros) == [1, 3, 4]  # 5 a-rows: 100 + 4 * 3 tokens fit
+    assert all(len({int(e.ids[0]) for e in m}) == 1 for m in micros)
+    assert T.shared_prefix(micros[0]) >= 50
+    assert T.shared_prefix([a[0]]) == 0 and T.shared_prefix([a[0], a[0]]) == 102  # one own token
+    alone = T._micro_batches([example([3] * 500), example([3] * 499 + [4])],
+                             T.Settings(micro_tokens=400))
+    assert [len(m) for m in alone] == [1, 1]  # 499 shared + 2 own tokens > 400: each alone
+
+
+def test_without_checkpointing_the_first_step_still_starts_at_pi_lag(base_dir, tmp_path):
+    rows = _rows()
+    again = {**rows[1], "episode_id": 4, "messages": [*rows[1]["messages"][:3],
+                                                     {"role": "assistant", "content": "Hey."}]}
+    events = []
+    settings = T.Settings(steps=1, beta=1.0, gradient_checkpointing=False, progress=False)
+    micros = T._micro_batches(T.build_examples([*rows, again], _tokenizer(base_dir), settings),
+                              settings)
+    assert max(T.shared_prefix(m) for m in micros) > 5  # the shared path is taken
+    T.train([*rows, again], base_dir, tmp_path, settings, on_step=events.append)
+    assert events[0]["oapl"] == pytest.approx((0.25 + 0.25 + 1.0 + 0.64 + 0.04 + 0.64 + 0.04) / 7,
+                                              rel=1e-4)

@@ -132,7 +132,8 @@ class Night:
 
         t = self.config.train
         settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
-                            lr=t.lr, batch=t.batch, micro_batch=t.micro_batch, epochs=t.epochs,
+                            lr=t.lr, batch=t.batch, micro_batch=t.micro_batch,
+                            micro_tokens=t.micro_tokens, epochs=t.epochs,
                             steps=t.steps or None, min_steps=t.min_steps,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
                             seed=self.config.night.seed, progress=False,

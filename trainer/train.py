@@ -91,7 +91,10 @@ class Settings:
     imitation: float = 1.0  # weight of the demonstrations' cross-entropy
     lr: float = 2e-4
     batch: int = 64  # sequences per optimizer step (gradient accumulation)
-    micro_batch: int = 2  # sequences per forward/backward
+    micro_batch: int = 16  # the most sequences per forward/backward
+    # The most tokens a forward/backward computes: a shared prompt prefix counts once, each
+    # row's own tokens (padded to the longest) once per row. A longer sequence goes alone.
+    micro_tokens: int = 4096
     epochs: int = 1
     steps: int | None = None  # optimizer steps; overrides epochs and min_steps when set
     min_steps: int = 16  # the fewest optimizer steps when steps is unset (epochs repeat)
@@ -253,15 +256,41 @@ class Policy(nn.Module):
         super().__init__()
         self.model, self.chunk = model, chunk
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T)
+    def forward(self, ids: torch.Tensor, shared: int = 0) -> torch.Tensor:  # (B, T) -> (B, T)
+        """Each token's log-prob given the ones before it (0 for the first token).
+
+        ``shared``: the rows' first ``shared`` tokens are the same (a prompt prefix). They
+        are computed once, on one row, and their keys and values serve every row: the same
+        log-probs and gradients as the full batch (the gradient of the expanded prefix sums
+        over the rows), for a fraction of the compute when the prefix is most of a row."""
         core = self.model.get_base_model()
         if core.lm_head.weight.requires_grad or core.lm_head.bias is not None:
             raise ValueError("the chunked log-prob needs a frozen lm_head without bias")
-        hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
-        b, t, d = hidden.shape
-        flat = hidden[:, :-1].reshape(-1, d)  # (B*(T-1), D): position t predicts token t+1
-        logp = TargetLogProb.apply(flat, core.lm_head.weight, ids[:, 1:].reshape(-1), self.chunk)
-        return F.pad(logp.view(b, t - 1), (1, 0))  # (B, T); the first token has no log-prob
+        b, t = ids.shape
+        weight = core.lm_head.weight
+        # Under activation checkpointing transformers turns the cache off, so nothing is shared.
+        if shared < 1 or b < 2 or core.is_activation_checkpointing:
+            hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
+            flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (B*(T-1), D): t predicts t+1
+            logp = TargetLogProb.apply(flat, weight, ids[:, 1:].reshape(-1), self.chunk)
+            return F.pad(logp.view(b, t - 1), (1, 0))  # (B, T)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=core.config)
+        head = core.model(input_ids=ids[:1, :shared], cache=cache,
+                          use_cache=True).last_hidden_state  # (1, S, D)
+        cache.batch_repeat_interleave(b)
+        tail = core.model(input_ids=ids[:, shared:], cache=cache,
+                          use_cache=True).last_hidden_state  # (B, T-S, D)
+        d = head.shape[-1]
+        head_logp = TargetLogProb.apply(head[0, :-1], weight, ids[0, 1:shared],
+                                        self.chunk)  # (S-1,): the same for every row
+        # Position S-1 (the prefix's last) predicts each row's first own token.
+        tail_in = torch.cat([head[:, -1:].expand(b, 1, d), tail[:, :-1]], dim=1)  # (B, T-S, D)
+        tail_logp = TargetLogProb.apply(tail_in.reshape(-1, d), weight,
+                                        ids[:, shared:].reshape(-1), self.chunk)
+        return torch.cat([ids.new_zeros(b, 1, dtype=tail_logp.dtype),
+                          head_logp[None].expand(b, -1), tail_logp.view(b, t - shared)], dim=1)
 
 
 # -- loop ---------------------------------------------------------------------------
@@ -297,9 +326,43 @@ def planned_steps(n: int, settings: Settings, processes: int = 1) -> int:
                settings.min_steps)
 
 
-def _micro_batches(chosen: list[Example], size: int) -> list[list[Example]]:
-    ordered = sorted(chosen, key=lambda e: len(e.ids))  # similar lengths pad less
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+def shared_prefix(examples: list[Example]) -> int:
+    """How many leading tokens all the examples have in common, leaving each at least one
+    of its own (0 for a single example: nothing to share)."""
+    if len(examples) < 2:
+        return 0
+    first, n = examples[0].ids, min(len(e.ids) for e in examples) - 1
+    same = torch.ones(n, dtype=torch.bool)
+    for e in examples[1:]:
+        same &= e.ids[:n] == first[:n]
+    return int(same.long().cumprod(0).sum())
+
+
+def _cost(micro: list[Example]) -> int:
+    """Tokens a micro-batch computes: its shared prefix once, each row's rest padded."""
+    shared = shared_prefix(micro)
+    return shared + len(micro) * (max(len(e.ids) for e in micro) - shared)
+
+
+def _micro_batches(chosen: list[Example], settings: Settings) -> list[list[Example]]:
+    """The batch in micro-batches of at most ``micro_batch`` rows and ``micro_tokens`` tokens.
+
+    Rows are sorted by how they start, then by length, so rows with the same prompt prefix
+    (the system prompt and tool list every turn starts with) are neighbours, and ``Policy``
+    computes that prefix once per micro-batch. A row joins the micro-batch before it only
+    when that costs fewer tokens than computing it alone (padding to a longer row can cost
+    more than the prefix saves). Which rows share a micro-batch does not change the
+    gradient: the weights are per micro-batch (``_train_step``)."""
+    ordered = sorted(chosen, key=lambda e: (e.ids[:16].tolist(), len(e.ids)))
+    micros: list[list[Example]] = []
+    for e in ordered:
+        if micros and len(micros[-1]) < settings.micro_batch:
+            cost = _cost([*micros[-1], e])
+            if cost <= settings.micro_tokens and cost <= _cost(micros[-1]) + len(e.ids):
+                micros[-1].append(e)
+                continue
+        micros.append([e])
+    return micros
 
 
 @torch.no_grad()
@@ -310,9 +373,9 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     missing = [e for e in examples if e.lag is None]
     served = contextlib.nullcontext() if settings.start_adapter else model.disable_adapter()
     with served:
-        for micro in _micro_batches(missing, settings.micro_batch):
+        for micro in _micro_batches(missing, settings):
             batch = collate(micro, pad_id)
-            logp = policy(batch["ids"].to(device)).float().cpu()  # (B, T)
+            logp = policy(batch["ids"].to(device), shared_prefix(micro)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
                 e.lag = logp[row, :len(e.ids)]
 
@@ -320,7 +383,7 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
 def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pad_id: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
-    logp = policy(batch["ids"])  # (B, T)
+    logp = policy(batch["ids"], shared_prefix(micro))  # (B, T)
     oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
@@ -340,7 +403,7 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     all_demo = max(sum(bool(e.demo.any()) for e in chosen), 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
-    micros = _micro_batches(mine, settings.micro_batch)
+    micros = _micro_batches(mine, settings)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
@@ -442,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", required=True, help="the night's training set (JSONL)")
     parser.add_argument("--base", required=True, help="the HF checkpoint to start from")
     parser.add_argument("--out", required=True, help="where the PEFT adapter is written")
-    for name in ("steps", "epochs", "min_steps", "batch", "micro_batch", "max_tokens", "seed",
+    for name in ("steps", "epochs", "min_steps", "batch", "micro_batch", "micro_tokens",
+                 "max_tokens", "seed",
                  "chunk"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "imitation", "lr"):

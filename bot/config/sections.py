@@ -332,7 +332,10 @@ class TrainConfig(_Section):
     )
     lr: float = Field(2e-4, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
     batch: int = Field(64, ge=1, description="sequences per optimizer step (>= 1)")
-    micro_batch: int = Field(2, ge=1, description="sequences per forward pass (>= 1)")
+    micro_batch: int = Field(16, ge=1, description="the most sequences per forward pass (>= 1)")
+    micro_tokens: int = Field(
+        4096, ge=64, description="the most tokens per forward pass, a shared prefix once (>= 64)"
+    )
     epochs: int = Field(1, ge=1, le=20, description="passes over the night's data (1..20)")
     steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as epochs need")
     min_steps: int = Field(
