@@ -16,8 +16,15 @@
    memory glibc has not returned, so it is measured twice: with glibc's mmap
    threshold pinned at 1 MiB (freed tensors leave the RSS: live memory) and
    with glibc's default (what a CPU run really holds).
+3. A shared prompt: one optimizer step (pi_lag pass, forward, backward) over a
+   batch of sequences that start with the same prompt, as a night's rows do
+   (the system prompt and tool list), computed as before (micro-batches of 2,
+   every row whole) and with the prompt computed once per micro-batch; the
+   loss must be the same. The rows are a night's own (``--night DIR/train.jsonl``)
+   or synthetic: a 350-token prompt and 20-200 tokens of each row's own.
 
     .venv/bin/python bench/train.py [--model DIR] [--tokens 512] [--reps 3] [--lengths 2048,8192,24576]
+                                    [--night train.jsonl] [--rows 32] [--parts 1,2,3]
 """
 
 from __future__ import annotations
@@ -108,6 +115,58 @@ def step_time(model_dir: Path, tokens: int, reps: int) -> dict:
     return {"bare_s": bare_m, "ours_s": ours_m, "lag_s": lag_m}
 
 
+# -- 3. a shared prompt ------------------------------------------------------------
+
+
+def _night_rows(path: Path | None, model_dir: Path, n: int, vocab: int) -> list[T.Example]:
+    import random
+
+    if path is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        examples = T.build_examples(T.read_rows(path), tokenizer, T.Settings())
+        return random.Random(0).sample(examples, min(n, len(examples)))
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (350,), generator=g)
+    out = []
+    for i in range(n):
+        own = 20 + (i * 37) % 181
+        example = _example(350 + own, vocab, seed=i)
+        example.ids[:350] = prompt
+        example.msg[:350], example.obs[:350] = -1, False
+        out.append(example)
+    return out
+
+
+def shared_prompt(model_dir: Path, night: Path | None, n: int) -> dict:
+    from accelerate import Accelerator
+
+    out = {}
+    for name, settings in (("every row computed whole", T.Settings(micro_batch=2)),
+                           ("prompt shared", T.Settings())):
+        settings.gradient_checkpointing = False  # the night's "auto" for a 135M model
+        original = T.shared_prefix
+        if name.startswith("every"):
+            T.shared_prefix = lambda micro: 0  # as before: every row computed whole
+        try:
+            model = T.load_model(model_dir, settings)
+            examples = _night_rows(night, model_dir, n, model.config.vocab_size)
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            ctx = {"accelerator": Accelerator(cpu=True), "settings": settings,
+                   "policy": T.Policy(model, settings.chunk), "model": model,
+                   "optimizer": torch.optim.SGD(trainable, lr=0.0), "trainable": trainable,
+                   "pad_id": 0}
+            started = time.perf_counter()
+            event = T._train_step(ctx, examples)
+            out[name] = {"s": time.perf_counter() - started, "loss": event["total"],
+                         "tokens": event["tokens"],
+                         "micro": [len(m) for m in T._micro_batches(examples, settings)]}
+        finally:
+            T.shared_prefix = original
+    return out
+
+
 # -- 2. memory --------------------------------------------------------------------
 
 
@@ -171,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=512, help="sequence length for the step time")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lengths", default="2048,8192,24576")
+    parser.add_argument("--night", type=Path, help="a night's train.jsonl for part 3")
+    parser.add_argument("--rows", type=int, default=32, help="rows in part 3's batch")
+    parser.add_argument("--parts", default="1,2,3")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -180,6 +242,24 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{'cuda' if torch.cuda.is_available() else 'cpu'}")
+    parts = {int(x) for x in args.parts.split(",")}
+    if 1 in parts:
+        part_one(args)
+    if 2 in parts:
+        part_two(args)
+    if 3 in parts:
+        runs = shared_prompt(args.model, args.night, args.rows)
+        (old, o), (new, n) = runs.items()
+        print(f"\n3. one step over {args.rows} rows ({o['tokens']} tokens) of "
+              f"{args.night or 'synthetic rows with a 350-token prompt'}, {args.model.name}:")
+        for name, r in runs.items():
+            print(f"   {name:32} {r['s']:7.1f} s  loss {r['loss']:.6f}  micro-batches {r['micro']}")
+        print(f"   speed-up {o['s'] / n['s']:.2f}x; same loss: {abs(o['loss'] - n['loss']) < 1e-4}")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def part_one(args: argparse.Namespace) -> None:
     t = step_time(args.model, args.tokens, args.reps)
     print(f"\n1. step time, {args.model.name}, {args.tokens} tokens, LoRA r=16, "
           f"gradient checkpointing, best of {args.reps}:")
@@ -190,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio {t['lag_s'] / t['bare_s']:.2f}; first epoch incl. it: "
           f"{(t['ours_s'] + t['lag_s']) / t['bare_s']:.2f}")
 
+
+def part_two(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = memory(_tiny_model_dir(Path(tmp)), [int(x) for x in args.lengths.split(",")])
     pinned, default = runs["pinned"], runs["glibc default"]
@@ -203,8 +285,6 @@ def main(argv: list[str] | None = None) -> int:
               f"   |  +{d['growth_mib']:6.1f} MiB  ratio {d_ratio:.2f}   ({p['seconds']:.1f} s)")
     print(f"   goal: <= 1.5 at {pinned[-1]['length']} tokens (the default's extra is freed heap memory "
           "glibc keeps, not live tensors)")
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
-    return 0
 
 
 if __name__ == "__main__":
