@@ -31,7 +31,7 @@ down; gradient checkpointing is on; sequences are right-padded with no
 attention mask (causal attention never lets a real token see the padding
 after it), so attention takes its fused causal path. Log-probs never build a
 ``[seq, vocab]`` logits tensor: the decoder runs to hidden states and
-``TargetLogProb`` applies the (frozen, tied) lm_head and log-softmax per chunk
+``trainer.policy.TargetLogProb`` applies the (frozen, tied) lm_head and log-softmax per chunk
 of ``chunk`` positions. Its backward needs no second pass over the
 vocabulary: for a frozen head, d log p(y_t)/d h_t = W[y_t] - E_{p_t}[W], one
 vector per position, stored in the forward.
@@ -75,10 +75,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.policy import Policy, micro_batches, shared_prefix
 from trainer.tokens import ACTION, FUNCTION_CALLING, OBSERVATION, render_row
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -224,75 +224,6 @@ def load_model(base_dir: str | Path, settings: Settings) -> Any:
         return get_peft_model(base, config)
 
 
-class TargetLogProb(torch.autograd.Function):
-    """log softmax(h W^T)[y] per chunk of rows; W (the lm_head) must be frozen."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk):  # (N, D), (V, D), (N,), int
-        logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)  # (N,)
-        direction = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None  # (N, D)
-        w = weight.to(hidden.dtype)
-        for start in range(0, hidden.shape[0], chunk):
-            h, y = hidden[start:start + chunk], targets[start:start + chunk]  # (C, D), (C,)
-            logits = (h @ w.T).float()  # (C, V): the only vocabulary-sized tensor
-            lse = torch.logsumexp(logits, dim=-1)  # (C,)
-            logp[start:start + chunk] = logits.gather(1, y[:, None])[:, 0] - lse
-            if direction is not None:
-                probs = logits.sub_(lse[:, None]).exp_()  # (C, V), in place
-                direction[start:start + chunk] = w[y] - (probs @ w.float()).to(w.dtype)  # (C, D)
-        ctx.save_for_backward(direction if direction is not None else hidden.new_empty(0))
-        return logp
-
-    @staticmethod
-    def backward(ctx, grad):  # grad: (N,)
-        (direction,) = ctx.saved_tensors
-        return grad[:, None].to(direction.dtype) * direction, None, None, None
-
-
-class Policy(nn.Module):
-    """Token log-probs of the LoRA model; one module, so accelerate can wrap it."""
-
-    def __init__(self, model: Any, chunk: int) -> None:
-        super().__init__()
-        self.model, self.chunk = model, chunk
-
-    def forward(self, ids: torch.Tensor, shared: int = 0) -> torch.Tensor:  # (B, T) -> (B, T)
-        """Each token's log-prob given the ones before it (0 for the first token).
-
-        ``shared``: the rows' first ``shared`` tokens are the same (a prompt prefix). They
-        are computed once, on one row, and their keys and values serve every row: the same
-        log-probs and gradients as the full batch (the gradient of the expanded prefix sums
-        over the rows), for a fraction of the compute when the prefix is most of a row."""
-        core = self.model.get_base_model()
-        if core.lm_head.weight.requires_grad or core.lm_head.bias is not None:
-            raise ValueError("the chunked log-prob needs a frozen lm_head without bias")
-        b, t = ids.shape
-        weight = core.lm_head.weight
-        # Under activation checkpointing transformers turns the cache off, so nothing is shared.
-        if shared < 1 or b < 2 or core.is_activation_checkpointing:
-            hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
-            flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (B*(T-1), D): t predicts t+1
-            logp = TargetLogProb.apply(flat, weight, ids[:, 1:].reshape(-1), self.chunk)
-            return F.pad(logp.view(b, t - 1), (1, 0))  # (B, T)
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=core.config)
-        head = core.model(input_ids=ids[:1, :shared], cache=cache,
-                          use_cache=True).last_hidden_state  # (1, S, D)
-        cache.batch_repeat_interleave(b)
-        tail = core.model(input_ids=ids[:, shared:], cache=cache,
-                          use_cache=True).last_hidden_state  # (B, T-S, D)
-        d = head.shape[-1]
-        head_logp = TargetLogProb.apply(head[0, :-1], weight, ids[0, 1:shared],
-                                        self.chunk)  # (S-1,): the same for every row
-        # Position S-1 (the prefix's last) predicts each row's first own token.
-        tail_in = torch.cat([head[:, -1:].expand(b, 1, d), tail[:, :-1]], dim=1)  # (B, T-S, D)
-        tail_logp = TargetLogProb.apply(tail_in.reshape(-1, d), weight,
-                                        ids[:, shared:].reshape(-1), self.chunk)
-        return torch.cat([ids.new_zeros(b, 1, dtype=tail_logp.dtype),
-                          head_logp[None].expand(b, -1), tail_logp.view(b, t - shared)], dim=1)
-
-
 # -- loop ---------------------------------------------------------------------------
 
 
@@ -326,43 +257,8 @@ def planned_steps(n: int, settings: Settings, processes: int = 1) -> int:
                settings.min_steps)
 
 
-def shared_prefix(examples: list[Example]) -> int:
-    """How many leading tokens all the examples have in common, leaving each at least one
-    of its own (0 for a single example: nothing to share)."""
-    if len(examples) < 2:
-        return 0
-    first, n = examples[0].ids, min(len(e.ids) for e in examples) - 1
-    same = torch.ones(n, dtype=torch.bool)
-    for e in examples[1:]:
-        same &= e.ids[:n] == first[:n]
-    return int(same.long().cumprod(0).sum())
-
-
-def _cost(micro: list[Example]) -> int:
-    """Tokens a micro-batch computes: its shared prefix once, each row's rest padded."""
-    shared = shared_prefix(micro)
-    return shared + len(micro) * (max(len(e.ids) for e in micro) - shared)
-
-
 def _micro_batches(chosen: list[Example], settings: Settings) -> list[list[Example]]:
-    """The batch in micro-batches of at most ``micro_batch`` rows and ``micro_tokens`` tokens.
-
-    Rows are sorted by how they start, then by length, so rows with the same prompt prefix
-    (the system prompt and tool list every turn starts with) are neighbours, and ``Policy``
-    computes that prefix once per micro-batch. A row joins the micro-batch before it only
-    when that costs fewer tokens than computing it alone (padding to a longer row can cost
-    more than the prefix saves). Which rows share a micro-batch does not change the
-    gradient: the weights are per micro-batch (``_train_step``)."""
-    ordered = sorted(chosen, key=lambda e: (e.ids[:16].tolist(), len(e.ids)))
-    micros: list[list[Example]] = []
-    for e in ordered:
-        if micros and len(micros[-1]) < settings.micro_batch:
-            cost = _cost([*micros[-1], e])
-            if cost <= settings.micro_tokens and cost <= _cost(micros[-1]) + len(e.ids):
-                micros[-1].append(e)
-                continue
-        micros.append([e])
-    return micros
+    return micro_batches(chosen, settings.micro_batch, settings.micro_tokens)
 
 
 @torch.no_grad()
