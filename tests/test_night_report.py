@@ -97,17 +97,18 @@ async def test_each_training_step_is_kept_in_the_jobs_progress(tmp_path):
         night = Night(config, store, job_id)
         for step, neg in ((1, None), (2, -0.5)):
             await night._training_step({"step": step, "steps": 2, "oapl": 0.5 / step,
-                                        "echo": 0.1, "total": 0.5 / step + 0.1,
+                                        "echo": 0.1, "imitation": 0.2 * step,
+                                        "total": 0.5 / step + 0.1,
                                         "logratio_pos": 0.01 * step, "logratio_neg": neg,
                                         "tokens_per_s": 99.0, "grad_norm": 1.0})
         progress = (await store.job(job_id))["progress"]
     finally:
         await store.close()
     assert progress["train_history"] == [
-        {"step": 1, "oapl": 0.5, "echo": 0.1, "total": 0.6, "logratio_pos": 0.01,
-         "logratio_neg": None},
-        {"step": 2, "oapl": 0.25, "echo": 0.1, "total": 0.35, "logratio_pos": 0.02,
-         "logratio_neg": -0.5}]
+        {"step": 1, "oapl": 0.5, "echo": 0.1, "imitation": 0.2, "total": 0.6,
+         "logratio_pos": 0.01, "logratio_neg": None},
+        {"step": 2, "oapl": 0.25, "echo": 0.1, "imitation": 0.4, "total": 0.35,
+         "logratio_pos": 0.02, "logratio_neg": -0.5}]
     assert progress["train_step"]["total"] == 0.35
 
 

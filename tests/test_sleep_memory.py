@@ -25,15 +25,15 @@ async def test_the_value_memory_learns_the_night_only_after_training_succeeded(
     memory = ValueMemory(config.data_dir / "value-memory", MiniLMEmbedder())
     stages = []
 
-    async def failed_training(self, dataset, base_dir):
+    async def failed_training(self, dataset, base_dir, start_adapter=None):
         stages.append("train")
         raise RuntimeError("out of memory")
 
-    async def trained(self, dataset, base_dir):
+    async def trained(self, dataset, base_dir, start_adapter=None):
         stages.append("train")
         return {"steps": 1}
 
-    async def export_stops(self, base_dir, steps):
+    async def export_stops(self, base_dir, steps, base_gguf):
         stages.append(("export", memory.count()))
         raise RuntimeError("stop after the memory update")
 
