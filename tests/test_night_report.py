@@ -393,3 +393,15 @@ async def test_a_report_whose_plots_fail_still_goes_out_with_its_text(tmp_path, 
     [report] = got
     assert report.files == [] and "Gate: promote." in report.text
     assert report.text.endswith("(The plots could not be drawn: OSError: disk full)")
+
+
+def test_a_night_with_demonstrations_reports_and_plots_its_imitation_loss():
+    from bot.night.plots import loss_series
+    from bot.night.report import training_lines
+
+    history = [{"step": 1, "oapl": 0.5, "echo": 0.1, "imitation": 4.2, "total": 4.8},
+               {"step": 2, "oapl": 0.4, "echo": 0.1, "imitation": 0.36, "total": 0.86}]
+    assert loss_series({"train_history": history})["imitation"] == [4.2, 0.36]
+    assert "imitation" not in loss_series({"train_history": [{"step": 1, "oapl": 0.5}]})
+    text = " ".join(training_lines({"train_history": history}))
+    assert "imitation 4.2000 → 0.3600" in text

@@ -34,7 +34,7 @@ from typing import Any
 
 SERIES_KEY = "nightshift-series"
 SOURCES = ("verifier", "person", "judge")
-LOSS_KEYS = ("oapl", "echo", "total")
+LOSS_KEYS = ("oapl", "echo", "imitation", "total")
 LOGRATIO_KEYS = ("logratio_pos", "logratio_neg")
 _render_lock = threading.Lock()
 
@@ -68,6 +68,8 @@ def loss_series(progress: dict) -> dict:
     out: dict[str, list] = {"step": [h.get("step") for h in history]}
     for key in (*LOSS_KEYS, *LOGRATIO_KEYS):
         out[key] = [h.get(key) for h in history]
+    if not any(v is not None for v in out["imitation"]):
+        del out["imitation"]  # a night without demonstrations (or from before they were kept)
     return out
 
 
@@ -129,7 +131,7 @@ def draw_loss(series: dict):
     top.set_title("Loss per step")
     bottom.set_title("Mean log-ratio (policy vs. the served model), per step")
     bottom.set_xlabel("step")
-    for key in LOSS_KEYS:
+    for key in (k for k in LOSS_KEYS if k in series):
         top.plot(series["step"], _nan(series[key]), marker=".", label=key)
     for key, label in zip(LOGRATIO_KEYS, ("positive messages", "negative messages")):
         bottom.plot(series["step"], _nan(series[key]), marker=".", label=label)

@@ -128,7 +128,8 @@ def training_lines(progress: dict) -> list[str]:
         return [head]
     first, last = history[0], history[-1]
     loss = "; ".join(f"{k} {_num(first.get(k), 4)} → {_num(last.get(k), 4)}"
-                     for k in ("oapl", "echo", "total"))
+                     for k in ("oapl", "echo", "imitation", "total")
+                     if k != "imitation" or first.get(k) is not None)  # a night with examples
     ratios = "; ".join(f"{label} {_num(_mean([h.get(k) for h in history]), 3, True)} "
                        f"(last {_num(last.get(k), 3, True)})"
                        for k, label in (("logratio_pos", "positive"),
