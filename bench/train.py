@@ -146,24 +146,27 @@ def shared_prompt(model_dir: Path, night: Path | None, n: int) -> dict:
     for name, settings in (("every row computed whole", T.Settings(micro_batch=2)),
                            ("prompt shared", T.Settings())):
         settings.gradient_checkpointing = False  # the night's "auto" for a 135M model
-        original = T.shared_prefix
+        original = T.sharing
         if name.startswith("every"):
-            T.shared_prefix = lambda micro: 0  # as before: every row computed whole
+            T.sharing = lambda model: False  # as before: every row computed whole
         try:
             model = T.load_model(model_dir, settings)
             examples = _night_rows(night, model_dir, n, model.config.vocab_size)
             trainable = [p for p in model.parameters() if p.requires_grad]
+            policy = T.Policy(model, settings.chunk)
+            policy.shares = T.sharing(model)
             ctx = {"accelerator": Accelerator(cpu=True), "settings": settings,
-                   "policy": T.Policy(model, settings.chunk), "model": model,
+                   "policy": policy, "model": model,
                    "optimizer": torch.optim.SGD(trainable, lr=0.0), "trainable": trainable,
                    "pad_id": 0}
             started = time.perf_counter()
             event = T._train_step(ctx, examples)
             out[name] = {"s": time.perf_counter() - started, "loss": event["total"],
                          "tokens": event["tokens"],
-                         "micro": [len(m) for m in T._micro_batches(examples, settings)]}
+                         "micro": [len(m) for m in T._micro_batches(examples, settings,
+                                                                    T.sharing(model))]}
         finally:
-            T.shared_prefix = original
+            T.sharing = original
     return out
 
 

@@ -237,3 +237,24 @@ def test_adapter_mode_continues_the_live_adapter_and_merged_mode_starts_fresh(tm
     assert live_adapter(config, None) is None  # the base serves: a fresh LoRA
     config.night.export_mode = "merged"
     assert live_adapter(config, lora) is None
+
+
+async def test_an_adapter_release_is_continued_on_the_checkpoint_it_was_trained_on(tmp_path):
+    """After a merged release, an adapter night trains on that merged checkpoint; the night
+    after it must continue the adapter there, not on the configured base."""
+    from bot.config import Config
+    from bot.storage.store import Store
+
+    config = Config()
+    config.paths.data_dir = tmp_path
+    store = await Store.open(tmp_path / "store.db")
+    try:
+        merged = tmp_path / "releases" / "night-0001" / "merged"
+        meta = {"gguf": str(tmp_path / "night-0001.gguf"), "lora": str(tmp_path / "a.gguf"),
+                "merged_dir": None, "hf_base": str(merged)}
+        release = await store.add_release("night-0002", str(tmp_path / "night-0002"), meta)
+        await store.set_release_state(release, "live")
+        gguf, lora, base_dir, live = await live_model(config, store)
+        assert (gguf.name, lora.name, base_dir, live) == ("night-0001.gguf", "a.gguf", merged, release)
+    finally:
+        await store.close()

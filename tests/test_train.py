@@ -157,6 +157,7 @@ def test_oapl_loss_falls_on_a_fixed_batch(trained):
     assert last["oapl"] < 0.1 * first["oapl"]
     assert last["logratio_pos"] > 0 > last["logratio_neg"]
     assert {"echo", "total", "tokens_per_s", "grad_norm"} <= set(last)
+    assert last["imitation"] is None  # no demonstration in the batch: nothing to report
 
 
 class _GradRecorder:
@@ -395,3 +396,18 @@ def test_without_checkpointing_the_first_step_still_starts_at_pi_lag(base_dir, t
     T.train([*rows, again], base_dir, tmp_path, settings, on_step=events.append)
     assert events[0]["oapl"] == pytest.approx((0.25 + 0.25 + 1.0 + 0.64 + 0.04 + 0.64 + 0.04) / 7,
                                               rel=1e-4)
+
+
+def test_without_sharing_a_micro_batch_counts_every_row_whole(base_dir):
+    def example(n):
+        ids = torch.tensor([5] * 2000 + list(range(n)))
+        return T.Example(ids, torch.full_like(ids, -1), torch.zeros(0),
+                         torch.full((len(ids),), float("nan")), torch.zeros(len(ids), dtype=torch.bool), 0)
+
+    rows = [example(100) for _ in range(4)]
+    settings = T.Settings(micro_tokens=4096)
+    assert [len(m) for m in T._micro_batches(rows, settings, shares=True)] == [4]  # 2000 + 4 * 100
+    assert [len(m) for m in T._micro_batches(rows, settings, shares=False)] == [1, 1, 1, 1]
+    checkpointed = T.load_model(base_dir, T.Settings(gradient_checkpointing=True))
+    assert not T.sharing(checkpointed) and not T.Policy(checkpointed, 16).shares
+    assert T.sharing(T.load_model(base_dir, T.Settings(gradient_checkpointing=False)))

@@ -33,7 +33,12 @@ passed: ``meta.demonstration``) is listed in the row's ``imitate`` and trained
 by likelihood (``trainer.losses.imitation_loss``), not by OAPL: it was not
 sampled from the served model, so its advantage is left out of the row (and of
 the centring); the table still shows it. Its reward of 1 stays in its group's
-baseline, so the failed attempts beside it are pushed down.
+baseline, so the failed attempts beside it are pushed down. Under a tool list it
+is imitated in both of its views (``trainer.tokens``): the tools view's action
+is only the choice to answer in words (``message:``), the plain view's is the
+words, and each sequence's loss is normalised by its own length, so the choice
+weighs as much as the answer. That is intended: the embedded model, offered
+tools, calls one for "What is 3 times 9?".
 """
 
 from __future__ import annotations

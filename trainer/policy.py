@@ -55,6 +55,7 @@ class Policy(nn.Module):
     def __init__(self, model: Any, chunk: int) -> None:
         super().__init__()
         self.model, self.chunk = model, chunk
+        self.shares = sharing(model)  # whether a shared prompt can be computed once
 
     def forward(self, ids: torch.Tensor, shared: int = 0) -> torch.Tensor:  # (B, T) -> (B, T)
         """Each token's log-prob given the ones before it (0 for the first token).
@@ -68,8 +69,7 @@ class Policy(nn.Module):
             raise ValueError("the chunked log-prob needs a frozen lm_head without bias")
         b, t = ids.shape
         weight = core.lm_head.weight
-        # Under activation checkpointing transformers turns the cache off, so nothing is shared.
-        if shared < 1 or b < 2 or core.is_activation_checkpointing:
+        if shared < 1 or b < 2 or not self.shares:
             hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
             flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (B*(T-1), D): t predicts t+1
             logp = TargetLogProb.apply(flat, weight, ids[:, 1:].reshape(-1), self.chunk)
@@ -79,6 +79,9 @@ class Policy(nn.Module):
         cache = DynamicCache(config=core.config)
         head = core.model(input_ids=ids[:1, :shared], cache=cache,
                           use_cache=True).last_hidden_state  # (1, S, D)
+        if cache.get_seq_length() != shared:  # the cache was not filled: sharing would be wrong
+            raise RuntimeError(f"the model did not keep the prompt's {shared} tokens in its "
+                               "cache; set train.micro_batch = 1 to compute rows whole")
         cache.batch_repeat_interleave(b)
         tail = core.model(input_ids=ids[:, shared:], cache=cache,
                           use_cache=True).last_hidden_state  # (B, T-S, D)
@@ -93,6 +96,24 @@ class Policy(nn.Module):
                           head_logp[None].expand(b, -1), tail_logp.view(b, t - shared)], dim=1)
 
 
+def sharing(model: Any) -> bool:
+    """Whether ``Policy`` may compute a shared prompt once for ``model``: its cache must
+    hold plain keys and values per layer (not a hybrid model's recurrent state), and no
+    activation checkpointing may be on (transformers then drops the cache, and a replayed
+    forward would write into it twice)."""
+    from transformers import DynamicCache
+
+    core = model.get_base_model()
+    if core.is_activation_checkpointing or any(
+            type(m).__name__ == "CheckpointWrapper" for m in core.modules()):
+        return False
+    try:
+        layers = DynamicCache(config=core.config).layers
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+
 def shared_prefix(examples: list[E]) -> int:
     """How many leading tokens all the examples have in common, leaving each at least one
     of its own (0 for a single example: nothing to share)."""
@@ -105,13 +126,15 @@ def shared_prefix(examples: list[E]) -> int:
     return int(same.long().cumprod(0).sum())
 
 
-def _cost(micro: list[E]) -> int:
-    """Tokens a micro-batch computes: its shared prefix once, each row's rest padded."""
-    shared = shared_prefix(micro)
+def _cost(micro: list[E], shares: bool) -> int:
+    """Tokens a micro-batch computes: its shared prefix once (when ``shares``), each row's
+    rest padded to the longest."""
+    shared = shared_prefix(micro) if shares else 0
     return shared + len(micro) * (max(len(e.ids) for e in micro) - shared)
 
 
-def micro_batches(chosen: list[E], max_rows: int, max_tokens: int) -> list[list[E]]:
+def micro_batches(chosen: list[E], max_rows: int, max_tokens: int,
+                  shares: bool = True) -> list[list[E]]:
     """The batch in micro-batches of at most ``max_rows`` rows and ``max_tokens`` tokens.
 
     Rows are sorted by how they start, then by length, so rows with the same prompt prefix
@@ -124,8 +147,8 @@ def micro_batches(chosen: list[E], max_rows: int, max_tokens: int) -> list[list[
     micros: list[list[E]] = []
     for e in ordered:
         if micros and len(micros[-1]) < max_rows:
-            cost = _cost([*micros[-1], e])
-            if cost <= max_tokens and cost <= _cost(micros[-1]) + len(e.ids):
+            cost = _cost([*micros[-1], e], shares)
+            if cost <= max_tokens and cost <= _cost(micros[-1], shares) + len(e.ids):
                 micros[-1].append(e)
                 continue
         micros.append([e])

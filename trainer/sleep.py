@@ -199,8 +199,10 @@ async def live_model(config: Config, store: Store) -> tuple[Path, Path | None, P
         if release["state"] == "live":
             meta = release["meta"]
             lora = Path(meta["lora"]) if meta.get("lora") else None
-            return (Path(meta["gguf"]), lora,
-                    Path(meta.get("merged_dir") or config.base_hf_dir), release["id"])
+            # The HF checkpoint of what serves: a merged release's own; an adapter release's
+            # base (which may be an earlier merged release, not the configured base).
+            hf = meta.get("merged_dir") or (meta.get("hf_base") if lora else None)
+            return Path(meta["gguf"]), lora, Path(hf or config.base_hf_dir), release["id"]
     return config.served_gguf, None, config.base_hf_dir, None
 
 
@@ -259,6 +261,7 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     gguf, lora = serve_paths(release)
     meta = {"gguf": str(gguf), "lora": str(lora) if lora else None, "night": night.job_id,
             "merged_dir": str(release / "merged") if (release / "merged").is_dir() else None,
+            "hf_base": str(base_dir),  # an adapter release's next night continues on it
             "base_release_id": night.progress["base_release"], "gate": report}
     existing = [r for r in await store.releases() if r["name"] == release.name]
     release_id = existing[0]["id"] if existing else await store.add_release(

@@ -78,7 +78,7 @@ import torch
 from torch import nn
 
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
-from trainer.policy import Policy, micro_batches, shared_prefix
+from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import ACTION, FUNCTION_CALLING, OBSERVATION, render_row
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -111,6 +111,7 @@ class Settings:
     progress: bool = True  # the tqdm bar
     # A PEFT adapter to continue instead of a fresh LoRA (adapter mode: the live night's).
     # pi_lag is then the model with it, computed for every sequence before the first update.
+    # Its own rank and alpha hold (lora_r and lora_alpha are for a fresh LoRA).
     start_adapter: str | None = None
 
 
@@ -257,8 +258,9 @@ def planned_steps(n: int, settings: Settings, processes: int = 1) -> int:
                settings.min_steps)
 
 
-def _micro_batches(chosen: list[Example], settings: Settings) -> list[list[Example]]:
-    return micro_batches(chosen, settings.micro_batch, settings.micro_tokens)
+def _micro_batches(chosen: list[Example], settings: Settings,
+                   shares: bool = True) -> list[list[Example]]:
+    return micro_batches(chosen, settings.micro_batch, settings.micro_tokens, shares)
 
 
 @torch.no_grad()
@@ -269,7 +271,7 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     missing = [e for e in examples if e.lag is None]
     served = contextlib.nullcontext() if settings.start_adapter else model.disable_adapter()
     with served:
-        for micro in _micro_batches(missing, settings):
+        for micro in _micro_batches(missing, settings, sharing(model)):
             batch = collate(micro, pad_id)
             logp = policy(batch["ids"].to(device), shared_prefix(micro)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
@@ -297,9 +299,10 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     # Weights that turn micro-batch means into batch means, across processes too.
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
-    all_demo = max(sum(bool(e.demo.any()) for e in chosen), 1)
+    demos = sum(bool(e.demo.any()) for e in chosen)
+    all_demo = max(demos, 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
-    micros = _micro_batches(mine, settings)
+    micros = _micro_batches(mine, settings, sharing(ctx["model"]))
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
@@ -322,7 +325,7 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     tokens = sum(len(e.ids) for e in mine)
     seconds = time.perf_counter() - started
     return {
-        "oapl": totals["oapl"], "echo": totals["echo"], "imitation": totals["imitation"],
+        "oapl": totals["oapl"], "echo": totals["echo"], "imitation": totals["imitation"] if demos else None,
         "total": totals["oapl"] + totals["echo"] + totals["imitation"],
         "logratio_pos": totals["pos"] / totals["n_pos"] if totals["n_pos"] else None,
         "logratio_neg": totals["neg"] / totals["n_neg"] if totals["n_neg"] else None,
