@@ -330,8 +330,8 @@ class TrainConfig(_Section):
     imitation: float = Field(
         1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
     )
-    lr: float = Field(2e-4, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
-    batch: int = Field(64, ge=1, description="sequences per optimizer step (>= 1)")
+    lr: float = Field(1e-3, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
+    batch: int = Field(32, ge=1, description="sequences per optimizer step (>= 1)")
     micro_batch: int = Field(16, ge=1, description="the most sequences per forward pass (>= 1)")
     micro_tokens: int = Field(
         4096, ge=64, description="the most tokens per forward pass, a shared prefix once (>= 64)"
