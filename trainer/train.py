@@ -265,13 +265,17 @@ def _micro_batches(chosen: list[Example], settings: Settings,
 
 @torch.no_grad()
 def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: Settings,
-             pad_id: int, device: torch.device) -> None:
+             pad_id: int, device: torch.device, shares: bool | None = None) -> None:
     """pi_lag's log-probs for the examples that lack them: the adapter disabled (a fresh
-    LoRA's base), or as it is (a continued adapter, before any update)."""
+    LoRA's base), or as it is (a continued adapter, before any update). ``shares``: whether
+    a shared prompt is computed once (``trainer.policy.sharing``; asked when not given)."""
     missing = [e for e in examples if e.lag is None]
+    if not missing:
+        return
+    shares = sharing(model) if shares is None else shares
     served = contextlib.nullcontext() if settings.start_adapter else model.disable_adapter()
     with served:
-        for micro in _micro_batches(missing, settings, sharing(model)):
+        for micro in _micro_batches(missing, settings, shares):
             batch = collate(micro, pad_id)
             logp = policy(batch["ids"].to(device), shared_prefix(micro)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
@@ -295,14 +299,16 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     acc, settings, policy = ctx["accelerator"], ctx["settings"], ctx["policy"]
     started = time.perf_counter()
     mine = chosen[acc.process_index::acc.num_processes]
-    fill_lag(ctx["model"], policy, mine, settings, ctx["pad_id"], acc.device)
+    # Asked once per night, not per step: it walks the model's modules.
+    shares = ctx.setdefault("shares", sharing(ctx["model"]))
+    fill_lag(ctx["model"], policy, mine, settings, ctx["pad_id"], acc.device, shares)
     # Weights that turn micro-batch means into batch means, across processes too.
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     demos = sum(bool(e.demo.any()) for e in chosen)
     all_demo = max(demos, 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
-    micros = _micro_batches(mine, settings, sharing(ctx["model"]))
+    micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
