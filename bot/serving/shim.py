@@ -30,8 +30,19 @@ items). The handler is re-registered wrapped so that its inner completions stop 
 request's ``max_tokens``; a cut argument is invalid JSON, which the agent answers as a
 format error, as it answers any malformed call.
 
+The same wrapper makes the handler's choice between words and a call on whole options,
+at the request's temperature (``bot.serving.choice`` says why: greedy decoding under
+the choice grammar compares first tokens only, and chose a tool for "What is 3 times
+9?").
+
 It also installs ``bot.serving.prompt_cache``: a prompt cache that keeps one saved
 state per conversation and lean state copies (see that module).
+
+And ``plain_cpu_buffers``: on a CPU with AMX, llama.cpp repacks q8_0 weights into its
+AMX buffer type, and on the 2-core Xeon machines here its matrix product then segfaults
+on the first prompt of more than one token (ggml's ``ggml_backend_amx_mul_mat``, a known
+machine-dependent crash that upstream closed without a fix). Weights stay in plain CPU
+buffers there (``use_extra_bufts`` off); elsewhere nothing changes.
 
 Run it with exactly the arguments of ``python -m llama_cpp.server``:
 ``python -m bot.serving.shim --model m.gguf --chat_format chatml-function-calling``.
@@ -39,8 +50,12 @@ Run it with exactly the arguments of ``python -m llama_cpp.server``:
 
 from __future__ import annotations
 
+import random
 import re
 import runpy
+from pathlib import Path
+
+from bot.serving.choice import choose
 
 
 def plain_templates() -> None:
@@ -66,28 +81,36 @@ def plain_templates() -> None:
 _ARGUMENTS = re.compile(r"functions\.[^\s:]+:\n\Z")
 
 
-class _Bounded:
-    """A ``Llama`` as the handler sees it, whose completions of a call's arguments stop
-    at ``limit`` tokens. The handler uses only ``create_completion`` and ``verbose``;
-    everything else reads through."""
+class _Handled:
+    """A ``Llama`` as the handler sees it: its completions of a call's arguments stop at
+    ``limit`` tokens (when the request set one), and its choice between words and a
+    call is made on whole options at the request's temperature (``bot.serving.choice``).
+    The handler uses only ``create_completion`` and ``verbose``; everything else reads
+    through."""
 
-    def __init__(self, llama, limit: int) -> None:
-        self._llama, self._limit = llama, limit
+    def __init__(self, llama, limit: int | None, temperature: float, seed: int | None) -> None:
+        self._llama, self._limit, self._temperature = llama, limit, temperature
+        self._rng = random.Random(seed)
 
     def __getattr__(self, name: str):
         return getattr(self._llama, name)
 
     def create_completion(self, *args, **kwargs):
         prompt = kwargs.get("prompt", args[0] if args else None)
-        if (kwargs.get("max_tokens") is None and isinstance(prompt, str)
-                and _ARGUMENTS.search(prompt)):
-            kwargs["max_tokens"] = self._limit
+        if isinstance(prompt, str) and kwargs.get("max_tokens") is None:
+            chosen = choose(self._llama, prompt, kwargs.get("grammar"), self._temperature,
+                            self._rng)
+            if chosen is not None:
+                return chosen
+            if self._limit is not None and _ARGUMENTS.search(prompt):
+                kwargs["max_tokens"] = self._limit
         return self._llama.create_completion(*args, **kwargs)
 
 
 def bounded_calls(name: str = "chatml-function-calling") -> None:
     """Re-register ``name``'s handler so a request's ``max_tokens`` bounds each of its
-    inner completions (idempotent). ``Llama`` looks the handler up at every request."""
+    inner completions, and its choice is made on whole options (idempotent). ``Llama``
+    looks the handler up at every request."""
     from llama_cpp import llama_chat_format
 
     handler = llama_chat_format.get_chat_completion_handler(name)
@@ -95,18 +118,48 @@ def bounded_calls(name: str = "chatml-function-calling") -> None:
         return
 
     def bounded(llama, *args, **kwargs):
-        limit = kwargs.get("max_tokens")
-        return handler(llama if limit is None else _Bounded(llama, limit), *args, **kwargs)
+        served = _Handled(llama, kwargs.get("max_tokens"), kwargs.get("temperature", 0.2),
+                          kwargs.get("seed"))
+        return handler(served, *args, **kwargs)
 
     bounded._nightshift_bounded = True
     llama_chat_format.LlamaChatCompletionHandlerRegistry().register_chat_completion_handler(
         name, bounded, overwrite=True)
 
 
+def has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU advertises AMX (the flags ``amx_tile``/``amx_int8``)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(flag.startswith("amx_") for line in text.splitlines()
+               if line.startswith("flags") for flag in line.split())
+
+
+def plain_cpu_buffers() -> None:
+    """On an AMX CPU, load every model with ``use_extra_bufts`` off (idempotent): the
+    ``Llama`` class reads its defaults from this function at each load."""
+    from llama_cpp import llama_cpp
+
+    defaults = llama_cpp.llama_model_default_params
+    if getattr(defaults, "_nightshift_plain", False) or not has_amx():
+        return
+
+    def plain_defaults():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    plain_defaults._nightshift_plain = True
+    llama_cpp.llama_model_default_params = plain_defaults
+
+
 def patch_handlers() -> None:
-    """Both patches, for every process that generates as the server does (the gate too)."""
+    """The patches, for every process that generates as the server does (the gate too)."""
     plain_templates()
     bounded_calls()
+    plain_cpu_buffers()
 
 
 def main() -> None:
