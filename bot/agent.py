@@ -49,6 +49,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     assistant_step,
     estimate_tokens,
     history_messages,
+    is_probe_answer,
     outbox_files,
     plain_messages,
     recent_start,
@@ -99,6 +100,7 @@ class _Turn:
     tool_rounds: int = 0
     format_errors: int = 0  # malformed tool calls in a row
     asked: bool = False  # the stray end-of-turn question was asked
+    flagged: Reply | None = None  # the answer it was asked about
     repeats: RepeatWatch | None = None
     no_tools: bool = False  # a repeated call tripped, or the last step: no tools offered
     plain: bool = False  # ...and the context was rewritten in words for it (plain_messages)
@@ -195,6 +197,10 @@ class Agent:
                     await self._tool_round(turn, messages, reply.tool_calls)
                 elif looks_like_template_call(reply.content):
                     await self._format_error(turn, messages, reply.content)
+                elif turn.flagged and is_probe_answer(reply.content):
+                    # Told to go on, the model wrote the probe's JSON again, not work: the
+                    # answer it was asked about stands (the embedded model did this).
+                    return await self._answer(turn, turn.flagged)
                 elif not await self._stray(turn, messages, reply, stored):
                     return await self._answer(turn, reply)
         except TurnEnded as end:
@@ -268,7 +274,7 @@ class Agent:
         reason = self.stray.flag(strip_reasoning(reply.content), turn.tool_rounds)
         if not reason:
             return False
-        turn.asked = True
+        turn.asked, turn.flagged = True, reply
         return await self._meant_to_continue(turn.channel, turn.episode, messages, stored, reason)
 
     async def _answer(self, turn: _Turn, reply: Reply) -> TurnResult:

@@ -73,6 +73,15 @@ def yes_no(text: str) -> str:
     return "no" if str(value).strip().lower().startswith("no") else "yes"
 
 
+def is_probe_answer(text: str) -> bool:
+    """True when ``text`` is the stray probe's JSON answer shape, ``{"answer": "yes"}``."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and set(value) == {"answer"}
+
+
 def recent_start(messages: list[dict], keep: int) -> int:
     """Index where the kept recent part starts; never splits a tool call from its results."""
     start = max(0, len(messages) - keep)

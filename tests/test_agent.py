@@ -176,6 +176,17 @@ async def test_a_yes_to_the_stray_question_keeps_the_answer(store, tmp_path):
     assert result.reply == "Here is the list:" and len(llm.calls) == 2
 
 
+async def test_the_probes_json_written_again_after_the_go_ahead_is_never_the_reply(store, tmp_path):
+    """Told to continue, the embedded model wrote ``{ "answer" : "yes"}`` as its reply
+    (bench/learning.py's practice): the answer it was asked about is delivered instead."""
+    script = [say("Here is the list:"), say('{"answer": "no"}'), say('{ "answer" : "yes"}')]
+    agent, llm, _ = make_agent(store, script, tmp_path)
+    result = await agent.turn("general", "list")
+    assert result.ok and result.reply == "Here is the list:" and len(llm.calls) == 3
+    _, ep = await roles(store, result.episode_id)
+    assert ep.status == "complete"
+
+
 @pytest.mark.parametrize("reply,flagged", [
     ("Sure, here are the steps:", True),
     ("I'll write the file next.", True),
