@@ -78,7 +78,7 @@ understanding_fraction = 0.5
 steps = 6
 batch = 4
 micro_batch = 2
-lr = 5e-4
+lr = 3e-4
 max_tokens = 512
 """)
     config = load_config(path)
