@@ -55,12 +55,16 @@ MAX_BATCH = 256
 class GroupCommit:
     """One commit thread and connection; ``run(op)`` queues ``op`` and waits for its commit."""
 
-    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+    def __init__(self, path: str, busy_timeout_ms: int,
+                 on_rollback: Callable[[], None] = lambda: None) -> None:
         if path == ":memory:":
             raise ValueError("the store must be a file: group commit opens a second "
                              "connection, and an in-memory database cannot be shared")
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
+        # Called on the commit thread when a batch is rolled back whole: what was kept in
+        # memory from its operations (bot.storage.history) is not in the file.
+        self._on_rollback = on_rollback
         self._pending: list[tuple[Operation, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-commit")
@@ -139,6 +143,7 @@ class GroupCommit:
                 results.append(self._one(conn, op))
             conn.execute("COMMIT")
         except Exception as exc:  # nothing of the batch is stored: every caller hears why
+            self._on_rollback()
             if self._conn is not None and self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
             return [(False, exc)] * len(ops)

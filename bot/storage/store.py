@@ -29,6 +29,7 @@ from pathlib import Path
 import aiosqlite
 
 from bot.storage.group_commit import GroupCommit
+from bot.storage.history import HistoryCache
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
@@ -76,7 +77,9 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         self._lock = asyncio.Lock()
         self._closed = False
         # The turns' steps, ends, events and history reads: batched (bot.storage.group_commit).
-        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS)
+        # The channels' recent steps, as this connection stored them (bot.storage.history).
+        self._history = HistoryCache()
+        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS, on_rollback=self._history.clear)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -228,8 +231,11 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 (channel_id, now, model_version)).lastrowid
             if prefix is not None:
                 db.execute(INSERT_PREFIX, prefix.values())
-            return episode_id, [stored_step(db.execute(INSERT_STEP, step_values(
-                step, episode_id)).fetchone()) for step in steps]
+            stored = [stored_step(db.execute(INSERT_STEP, step_values(step, episode_id))
+                                  .fetchone()) for step in steps]
+            for step in stored:  # the last action: nothing after it can roll them back
+                self._history.appended(step)
+            return episode_id, stored
 
         return await self._commits.run(op)
 
@@ -267,31 +273,22 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             row = db.execute(INSERT_STEP, values).fetchone()
             if row is None:
                 raise _missing_or_closed(db, episode_id)  # rolls the prefix back too
-            return stored_step(row)
+            stored = stored_step(row)
+            self._history.appended(stored)
+            return stored
 
         return await self._commits.run(op)
 
     async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps across episodes, oldest first; forgotten
         episodes are left out. Read in the group commit's queue: it sees every step
-        acknowledged before it was asked, and costs no hop of its own."""
+        acknowledged before it was asked, and costs no hop of its own. The steps come
+        from memory when this connection stored them (``bot.storage.history``); they
+        are shared, so callers must not change them."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-
-        def op(db: sqlite3.Connection) -> list[StoredStep]:
-            cursor = db.cursor()
-            cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
-            rows = cursor.execute(
-                # A join, not "NOT IN (forgotten episodes)": that scanned every episode
-                # on every turn; this reads the last ``limit`` steps by index, newest
-                # first, and they are put in order here rather than sorted by SQLite.
-                "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
-                "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
-                (channel_id, limit)).fetchall()
-            names = [column[0] for column in cursor.description]
-            return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
-
-        return await self._commits.run(op)
+        return await self._commits.run(
+            lambda db: self._history.read(db, channel_id, limit, _read_history))
 
     async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:
         """Episodes started or ended at or after ``since``, with steps and labels.
@@ -390,3 +387,17 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 f"{r['table']} row {r['rowid']}: missing {r['parent']} row" for r in broken
             )
         return "ok"
+
+
+def _read_history(db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
+    cursor = db.cursor()
+    cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
+    rows = cursor.execute(
+        # A join, not "NOT IN (forgotten episodes)": that scanned every episode on every
+        # turn; this reads the last ``limit`` steps by index, newest first, and they are
+        # put in order here rather than sorted by SQLite.
+        "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
+        "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
+        (channel_id, limit)).fetchall()
+    names = [column[0] for column in cursor.description]
+    return [stored_step(dict(zip(names, r))) for r in reversed(rows)]

@@ -1,0 +1,93 @@
+"""The channels' recent steps, kept in memory on the store's commit thread.
+
+Every turn reads its channel's last ~20 steps back (``Store.channel_history``).
+Read from SQLite, that is 20 rows turned back into steps with their JSON, on
+every turn: it was about half of the commit thread's time per turn
+(bench/agent.py). Those steps were, almost always, written a moment before by
+this same connection, so the cache keeps them as they were stored.
+
+It stays honest with three rules:
+
+- **Other connections.** ``PRAGMA data_version`` changes when any other
+  connection (the store's own aiosqlite one, the trainer, a second bot
+  process) commits to the file. Every read checks it first and empties the
+  cache when it moved: ``/forget``, an erasure or another writer's step is
+  seen exactly as SQLite would show it.
+- **This connection's writes.** A step is appended only by the operation that
+  inserted it, as its last action, so a step whose savepoint was rolled back
+  never enters. A batch whose COMMIT fails empties the cache
+  (``GroupCommit(on_rollback=...)``).
+- **Bounds.** At most ``keep`` steps for each of at most ``channels``
+  channels, the least recently used dropped first; a read for more than is
+  kept goes to SQLite.
+
+Everything here runs on the commit thread only, so it needs no lock. The
+steps are shared with the callers: they are read-only by convention, as they
+were when each read built new ones.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import OrderedDict
+from collections.abc import Callable
+
+from bot.storage.schema import StoredStep
+
+Reader = Callable[[sqlite3.Connection, str, int], list[StoredStep]]
+
+
+class _Kept:
+    __slots__ = ("steps", "complete")
+
+    def __init__(self, steps: list[StoredStep], complete: bool) -> None:
+        self.steps = steps  # oldest first
+        self.complete = complete  # True: these are all of the channel's (unforgotten) steps
+
+
+class HistoryCache:
+    def __init__(self, keep: int = 64, channels: int = 512) -> None:
+        self.keep, self.channels = keep, channels
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._version: int | None = None
+        self.hits = self.misses = 0  # for tests and benches
+
+    def read(self, db: sqlite3.Connection, channel_id: str, limit: int,
+             reader: Reader) -> list[StoredStep]:
+        """The channel's last ``limit`` steps, oldest first: from memory when they are
+        known, else from ``reader`` (the SQL read), whose answer is then kept."""
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._version:
+            self._kept.clear()
+            self._version = version
+        kept = self._kept.get(channel_id)
+        if kept is not None and (kept.complete or len(kept.steps) >= limit):
+            self._kept.move_to_end(channel_id)
+            self.hits += 1
+            return kept.steps[-limit:] if limit else []
+        self.misses += 1
+        steps = reader(db, channel_id, max(limit, self.keep))
+        complete = len(steps) < max(limit, self.keep)
+        if limit <= self.keep:
+            self._put(channel_id, _Kept(steps[-self.keep:], complete))
+        return steps[-limit:] if limit else []
+
+    def appended(self, step: StoredStep) -> None:
+        """``step`` was just inserted by this connection (in the current transaction)."""
+        kept = self._kept.get(step.channel_id)
+        if kept is None:
+            return  # not read yet: the next read goes to SQLite, which has it
+        kept.steps.append(step)
+        if len(kept.steps) > self.keep:
+            del kept.steps[0]
+            kept.complete = False
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._version = None
+
+    def _put(self, channel_id: str, kept: _Kept) -> None:
+        self._kept[channel_id] = kept
+        self._kept.move_to_end(channel_id)
+        while len(self._kept) > self.channels:
+            self._kept.popitem(last=False)

@@ -1,0 +1,109 @@
+"""The channels' recent steps kept in memory (bot.storage.history): every read equals
+what SQLite says, whoever wrote, forgot or rolled back in between."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+
+import pytest
+
+from bot.storage.store import Step, Store, _read_history
+
+
+@pytest.fixture
+async def store(tmp_path):
+    s = await Store.open(tmp_path / "store.db")
+    yield s
+    await s.close()
+
+
+def from_sql(path, channel: str, limit: int) -> list[tuple]:
+    with sqlite3.connect(path) as db:
+        db.row_factory = sqlite3.Row
+        return [(s.id, s.content) for s in _read_history(db, channel, limit)]
+
+
+def seen(steps) -> list[tuple]:
+    return [(s.id, s.content) for s in steps]
+
+
+async def test_reads_equal_sqlite_through_turns_ends_and_failed_steps(store, tmp_path):
+    rng = random.Random(7)
+    path = tmp_path / "store.db"
+    open_episodes: dict[str, int] = {}
+    for i in range(300):
+        channel = f"ch{rng.randrange(4)}"
+        action = rng.random()
+        if channel not in open_episodes or action < 0.2:
+            if channel in open_episodes:
+                await store.end_episode(open_episodes[channel], "complete")
+            open_episodes[channel], _ = await store.start_turn(
+                channel, None, [Step(role="system", content="sys"),
+                                Step(role="user", content=f"u{i}")])
+        elif action < 0.3:  # a step for an ended episode is refused and must not be kept
+            ended, _ = await store.start_turn(channel, None, [Step(role="user", content="x")])
+            await store.end_episode(ended, "complete")
+            with pytest.raises(ValueError):
+                await store.add_step(ended, Step(role="assistant", content=f"refused{i}"))
+        else:
+            await store.add_step(open_episodes[channel], Step(role="assistant", content=f"a{i}"))
+        limit = rng.choice((0, 1, 5, 20, 64, 100))
+        assert seen(await store.channel_history(channel, limit)) == from_sql(path, channel, limit)
+    assert store._history.hits > 200  # most reads were answered from memory
+
+
+async def test_a_forgotten_episode_leaves_the_history_at_once(store):
+    first, _ = await store.start_turn("dev", None, [Step(role="user", content="secret")])
+    await store.end_episode(first, "complete")
+    second, _ = await store.start_turn("dev", None, [Step(role="user", content="kept")])
+    assert [s.content for s in await store.channel_history("dev", 20)] == ["secret", "kept"]
+    await store.forget_episode(first)  # on the store's other connection
+    assert [s.content for s in await store.channel_history("dev", 20)] == ["kept"]
+
+
+async def test_another_process_step_is_seen(store, tmp_path):
+    episode, _ = await store.start_turn("dev", None, [Step(role="user", content="mine")])
+    assert len(await store.channel_history("dev", 20)) == 1
+    async with await Store.open(tmp_path / "store.db") as other:  # its own connections
+        await other.add_step(episode, Step(role="assistant", content="theirs"))
+    assert [s.content for s in await store.channel_history("dev", 20)] == ["mine", "theirs"]
+
+
+async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(tmp_path):
+    path = tmp_path / "store.db"
+    store = await Store.open(path)
+    try:
+        episode, _ = await store.start_turn("d", None, [Step(role="user", content="hi")])
+        assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
+        original = store._commits._one
+
+        def insert_then_fail(conn, op):
+            # The step is inserted (and kept in memory), then the batch fails before its
+            # COMMIT, as it would on a full disk: it is rolled back whole.
+            original(conn, op)
+            raise sqlite3.OperationalError("disk I/O error (planted)")
+
+        store._commits._one = insert_then_fail
+        with pytest.raises(sqlite3.OperationalError, match="planted"):
+            await store.add_step(episode, Step(role="assistant", content="lost"))
+        store._commits._one = original
+        assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
+        assert from_sql(path, "d", 20) == [(1, "hi")]
+    finally:
+        await store.close()
+
+
+async def test_concurrent_turns_read_their_own_channels(store, tmp_path):
+    async def turn(channel: str, n: int) -> None:
+        episode, _ = await store.start_turn(channel, None, [Step(role="user", content=f"q{n}")])
+        await store.add_step(episode, Step(role="assistant", content=f"a{n}"))
+        await store.end_episode(episode, "complete")
+
+    for n in range(5):
+        await asyncio.gather(*(turn(f"c{i}", n) for i in range(10)))
+        for i in range(10):
+            history = await store.channel_history(f"c{i}", 4)
+            assert seen(history) == from_sql(tmp_path / "store.db", f"c{i}", 4)
+            assert {s.channel_id for s in history} == {f"c{i}"}
