@@ -13,7 +13,8 @@ the bench scores them with the product's own parser and checks:
 - ``tool``: choosing the right tool with the right arguments: make a folder,
   or write a file with a given content; a python check (in the sandbox)
   reads the workspace: 1 when it is exactly right, 0.5 for the right kind of
-  object with the wrong content, else 0.
+  object with the wrong content, else 0. Its reference shows the call
+  (``write_file``), run in the sandbox when no attempt passed.
 """
 
 from __future__ import annotations
@@ -64,12 +65,19 @@ def tool(rng: random.Random) -> dict:
     word, other = rng.sample(WORDS, 2)
     if rng.random() < 0.5:
         name = f"{word}-box"
+        # The reference uses write_file, which makes missing folders: the embedded model's
+        # core tools (agent.tools = "auto") have no make_dir.
         return {"id": f"tool-dir-{name}", "prompt": f"Create a folder named {name} in your "
-                "workspace.", "code": DIR_CHECK.format(name=name)}
+                "workspace.", "code": DIR_CHECK.format(name=name),
+                "reference": {"calls": [{"name": "write_file", "arguments": {
+                    "path": f"{name}/README.md", "content": f"# {name}"}}],
+                    "answer": f"I created the folder {name}."}}
     name = f"{word}.txt"
     return {"id": f"tool-file-{word}-{other}",
             "prompt": f"Create a file named {name} that contains exactly the word {other}.",
-            "code": FILE_CHECK.format(name=name, text=other)}
+            "code": FILE_CHECK.format(name=name, text=other),
+            "reference": {"calls": [{"name": "write_file", "arguments": {
+                "path": name, "content": other}}], "answer": f"I created {name}."}}
 
 
 FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "tool": tool}

@@ -328,7 +328,7 @@ class Agent:
             started = time.time()
             result = await self.tools.call(name, call["function"]["arguments"], turn.ctx)
             malformed |= result.meta.get("error") in FORMAT_ERRORS
-            output = self._truncate(result.output if result.ok else f"ERROR: {result.output}")
+            output = self.observation(result)
             turn.results.append((name, output))
             output = await self._repeat_check(turn, call, output)
             step = Step(role="tool", content=output, tool_call_id=call.get("id"), name=name,
@@ -362,6 +362,10 @@ class Agent:
         await self._store(episode, Step(role="user", content=text, meta={"image": image}))
         messages.append({"role": "user", "content": [
             {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]})
+
+    def observation(self, result: ToolResultLike) -> str:
+        """A tool's result as the model is shown it: errors marked, long output cut."""
+        return self._truncate(result.output if result.ok else f"ERROR: {result.output}")
 
     def _truncate(self, text: str) -> str:
         limit = self.config.agent.tool_output_chars

@@ -186,3 +186,62 @@ async def test_a_turn_stopped_by_the_step_limit_scores_0_and_a_server_failure_is
     assert "2 stopped by a limit" in answer.text
     assert [e["payload"]["task_id"] for e in unjudged] == ["file", "file"]
     assert all("the turn ended errored" in e["payload"]["why"] for e in unjudged)
+
+
+WROTE_CHECK = """
+from pathlib import Path
+def reward(answer, workspace):
+    path = Path(workspace) / "notes" / "plan.txt"
+    return 1.0 if path.is_file() and path.read_text().strip() == "ship it" else 0.0
+"""
+
+
+async def test_a_reference_with_tool_calls_is_run_and_recorded_as_the_agents_own_calls(tmp_path):
+    (tmp_path / "wrote.py").write_text(WROTE_CHECK)
+    calls = [{"name": "write_file", "arguments": {"path": "notes/plan.txt", "content": "ship it"}}]
+    tasks = [
+        {"id": "plan", "prompt": "Save 'ship it' to notes/plan.txt",
+         "check": {"python": "wrote.py"}, "reference": {"calls": calls, "answer": "Saved."}},
+        # A tool the agent is not offered would teach a call it never sees: not shown.
+        {"id": "git", "prompt": "Commit the plan", "check": {"python": "wrote.py"},
+         "reference": {"calls": [{"name": "git_commit", "arguments": {"message": "m"}}],
+                       "answer": "Committed."}},
+        # Calls whose result fails the check are not shown either.
+        {"id": "wrong", "prompt": "Save it elsewhere", "check": {"python": "wrote.py"},
+         "reference": {"calls": [{"name": "write_file", "arguments": {
+             "path": "other.txt", "content": "ship it"}}], "answer": "Saved."}},
+    ]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.agent.tools = ["read_file", "write_file", "list_dir"]
+    config.practice.held_out_percent = 0
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(lambda messages, kwargs: say("I can't.")),
+                             start_server=False)
+    try:
+        name, options = parse_command(f"/practice {path} --samples 2")
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True), name,
+                                   **options)
+        shown = [e for e in await rt.store.events("verifier_reward")
+                 if e["payload"].get("demonstration")]
+        episodes = {e.id: e for e in await rt.store.episodes_since(0)}
+        workspace = rt.spaces.context(shown[0]["channel_id"]).workspace if shown else None
+    finally:
+        await rt.close()
+    assert "Mean reward 0.00 over 6 judged attempts" in answer.text, answer.text
+    assert [e["payload"]["task_id"] for e in shown] == ["plan"]
+    example = episodes[shown[0]["episode_id"]]
+    assert [s.role for s in example.steps] == ["system", "user", "assistant", "tool", "assistant"]
+    call_step, tool_step, final = example.steps[2:]
+    assert call_step.meta["demonstration"] and final.meta["demonstration"]
+    assert json.loads(call_step.tool_calls[0]["function"]["arguments"]) == calls[0]["arguments"]
+    assert call_step.tool_calls[0]["function"]["name"] == "write_file"
+    # The observation is the real tool's output, and the file is really there.
+    assert tool_step.tool_call_id == call_step.tool_calls[0]["id"]
+    assert "notes/plan.txt" in tool_step.content and tool_step.meta["ok"]
+    assert (workspace.root / "notes/plan.txt").read_text() == "ship it"
+    assert final.content == "Saved." and final.meta["choice"] == "message"
+    # Each step records the exact context the night renders (bot.storage.prefixes).
+    assert call_step.meta["context"]["tail"] == 1 and final.meta["context"]["tail"] == 3

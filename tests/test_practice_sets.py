@@ -48,11 +48,29 @@ def task(i: int, check: dict | None = None) -> dict:
                                                            r"used on line 1"),
     ({"id": "x", "prompt": "p", "check": {"python": "missing.py"}}, r"s.jsonl:2: cannot read the "
                                                                     r"python check"),
+    ({"id": "x", "prompt": "p", "check": {"exact": "1"}, "reference": {"calls": []}},
+     r"s.jsonl:2: a reference with tool calls is"),
+    ({"id": "x", "prompt": "p", "check": {"exact": "1"},
+      "reference": {"calls": [{"name": "write_file"}], "answer": "ok"}},
+     r"s.jsonl:2: reference call 1 must be"),
+    ({"id": "x", "prompt": "p", "check": {"exact": "1"},
+      "reference": {"calls": [{"name": "f", "arguments": {}}] * 9, "answer": "ok"}},
+     r"with 1 to 8 calls"),
 ])
 def test_a_bad_line_is_refused_with_its_line_number_and_the_fix(tmp_path, bad, message):
     path = write_set(tmp_path, task(0), bad)
     with pytest.raises(PracticeSetError, match=message):
         load_set(path)
+
+
+def test_a_reference_can_show_the_tool_calls_that_do_the_task(tmp_path):
+    line = {"id": "x", "prompt": "Write hi to a.txt", "check": {"exact": "done"},
+            "reference": {"calls": [{"name": "write_file",
+                                     "arguments": {"path": "a.txt", "content": "hi"}}],
+                          "answer": " I wrote a.txt. "}}
+    only = load_set(write_set(tmp_path, line)).tasks[0]
+    assert only.reference == "I wrote a.txt."
+    assert only.calls == (("write_file", {"path": "a.txt", "content": "hi"}),)
 
 
 def test_a_python_check_must_be_python_that_defines_reward(tmp_path):

@@ -355,3 +355,19 @@ def test_a_text_answer_chosen_under_the_tool_list_trains_its_choice_in_the_tools
     # The words themselves are the plain view's action, as before.
     words = plain_view.action_positions(5)
     assert tokenizer.decode([plain_view.ids[t] for t in words]) == "Both files are short.<|im_end|>"
+
+
+def test_a_demonstrated_tool_call_is_imitated_as_the_call_the_model_would_write(tokenizer):
+    # A practice reference that shows its tool calls (bot.practice.demonstration): the call
+    # and the answer after its result are both listed for imitation.
+    answer = {**EPISODE[5], "choice": "message"}
+    row = {"messages": [*EPISODE[:5], answer], "tools": TOOLS, "imitate": [2, 5]}
+    tools_view, plain_view = render_row(row, tokenizer)
+    assert tools_view.imitated == {2, 5} and plain_view.imitated == {5}
+    imitated = tokenizer.decode([i for i, k, m in zip(tools_view.ids, tools_view.kinds,
+                                                      tools_view.messages)
+                                 if k == ACTION and m in tools_view.imitated])
+    assert imitated.startswith('functions.read_file:{"path": "a.txt"}')
+    assert imitated.endswith("message:")
+    # The tool's output stays an observation: shown, not imitated.
+    assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x < y && z"

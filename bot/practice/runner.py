@@ -25,7 +25,8 @@ When no judged attempt of a task passed, its reference answer (``Task.reference`
 once the task's check passes it, is recorded as one more episode of the group in a
 fresh channel ``...-reference``: the agent's own context, the reference as its
 answer (``bot.practice.demonstration``), and a ``verifier_reward`` of 1 with check
-``reference``. A group that only failed would otherwise teach nothing relative.
+``reference``. A reference that shows tool calls has them run there first, and the
+check judges what they did. A group that only failed would otherwise teach nothing relative.
 
 The run is a job row (kind ``practice``) whose progress holds tasks done /
 total and the mean reward so far; each task's end is also sent to the
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING
 from bot.agent import Agent, TurnResult
 from bot.channels import ChannelWorkers
 from bot.practice.checks import Verdict, judge
-from bot.practice.demonstration import demonstrate
+from bot.practice.demonstration import demonstrate, run_calls
 from bot.practice.sets import PracticeSet, Task, load_set
 
 if TYPE_CHECKING:
@@ -193,19 +194,24 @@ async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task
 
 async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
                        run: int) -> bool:
-    """No attempt passed: add the task's reference answer to its group, as a turn of
-    the agent's own with the check's reward, if the check passes it (a python check
-    that wants files in the workspace does not pass a bare answer, and gets none)."""
+    """No attempt passed: add the task's reference to its group, as a turn of the agent's
+    own with the check's reward, if the check passes it. A reference with tool calls
+    has them run first, in the demonstration's own workspace, and is judged on what
+    they did (a python check that wants files does not pass a bare answer)."""
     if not task.reference:
         return False
     channel = f"practice-{pset.name}-{task.id}-{run}-reference"
     ctx = rt.spaces.context(channel)
+    shown = await run_calls(agent, ctx, task.calls) if task.calls else []
+    if isinstance(shown, str):
+        logger.warning("the reference of %s cannot be shown: %s", task.id, shown)
+        return False
     verdict = await judge(task, task.reference, ctx.workspace, ctx.services["sandbox"],
                           rt.config.practice.check_timeout_s)
     if verdict.reward != 1.0:
         logger.warning("the reference of %s fails its own check: %s", task.id, verdict.why)
         return False
-    episode = await demonstrate(agent, channel, task.prompt, task.reference, "practice")
+    episode = await demonstrate(agent, channel, task.prompt, task.reference, "practice", shown)
     await rt.store.add_event(channel, episode, "verifier_reward", {
         "task": task.id, "task_id": task.id, "set": pset.name, "group": f"{pset.name}:{task.id}:{run}",
         "check": "reference", "reward": 1.0, "demonstration": True})

@@ -19,7 +19,11 @@ A task may also give ``"reference"``: a right final answer (an exact check's
 text is one already). When none of a task's attempts passes, the runner adds
 the reference, once its check passes it, to the attempts as a demonstration
 (``bot.practice.runner``): a skill the model never hits by chance is still
-learnt, from the example.
+learnt, from the example. A task whose check reads the workspace can show the
+tool calls that do it: ``"reference": {"calls": [{"name": "write_file",
+"arguments": {"path": "a.txt", "content": "hi"}}], "answer": "I wrote a.txt."}``.
+The calls are run through the real tools in a fresh workspace, and the check
+must pass on their result before the example is kept.
 
 Everything is checked when the set is read, so a bad file fails at once with
 its line number and nothing runs: malformed JSON, unknown or missing keys, an
@@ -48,6 +52,7 @@ HELD_OUT_PERCENT = 20
 MAX_SET_BYTES = 16 << 20
 MAX_CHECK_BYTES = 256 << 10
 MAX_ID_CHARS = 128
+MAX_REFERENCE_CALLS = 8
 KINDS = ("exact", "regex", "python")
 
 
@@ -69,6 +74,8 @@ class Task:
     check: Check
     line: int  # 1-based line in the set's file
     reference: str = ""  # a right final answer, if the set gives one (or the exact text)
+    # Tool calls that do the task, before that answer: ((name, arguments), ...).
+    calls: tuple[tuple[str, dict], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,9 +162,33 @@ def _task(path: Path, number: int, line: str) -> Task:
         raise PracticeSetError(f"{where}: prompt must be a non-empty string")
     check = _check(path, where, item["check"])
     reference = item.get("reference", check.value if check.kind == "exact" else "")
+    calls: tuple[tuple[str, dict], ...] = ()
+    if isinstance(reference, dict):
+        reference, calls = _reference_calls(where, reference)
     if not isinstance(reference, str) or (not reference.strip() and "reference" in item):
-        raise PracticeSetError(f"{where}: reference must be a non-empty string")
-    return Task(task_id, prompt, check, number, reference.strip())
+        raise PracticeSetError(f"{where}: reference must be a non-empty string, or "
+                               '{"calls": [{"name": TOOL, "arguments": {...}}], "answer": TEXT}')
+    return Task(task_id, prompt, check, number, reference.strip(), calls)
+
+
+def _reference_calls(where: str, reference: dict) -> tuple[str, tuple[tuple[str, dict], ...]]:
+    """(the answer, the calls) of a reference that shows tool calls."""
+    shape = ('{"calls": [{"name": TOOL, "arguments": {...}}, ...], "answer": TEXT} with 1 to '
+             f"{MAX_REFERENCE_CALLS} calls")
+    calls, answer = reference.get("calls"), reference.get("answer")
+    if (set(reference) != {"calls", "answer"} or not isinstance(calls, list)
+            or not 1 <= len(calls) <= MAX_REFERENCE_CALLS
+            or not isinstance(answer, str) or not answer.strip()):
+        raise PracticeSetError(f"{where}: a reference with tool calls is {shape}")
+    out = []
+    for i, call in enumerate(calls, 1):
+        if (not isinstance(call, dict) or set(call) != {"name", "arguments"}
+                or not isinstance(call["name"], str) or not call["name"].strip()
+                or not isinstance(call["arguments"], dict)):
+            raise PracticeSetError(f"{where}: reference call {i} must be "
+                                   '{"name": TOOL, "arguments": {...}}')
+        out.append((call["name"], call["arguments"]))
+    return answer, tuple(out)
 
 
 def _check(path: Path, where: str, check: object) -> Check:
