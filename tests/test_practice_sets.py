@@ -95,6 +95,7 @@ def test_the_example_set_loads_with_all_three_check_kinds():
     assert {t.check.kind for t in pset.tasks} == {"exact", "regex", "python"}
     python = next(t for t in pset.tasks if t.check.kind == "python")
     assert "def reward" in python.check.code
+    assert python.calls == (("write_file", {"path": "answer.txt", "content": "42"}),)
 
 
 def test_the_held_out_split_depends_on_the_task_id_alone(tmp_path):
