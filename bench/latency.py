@@ -56,6 +56,7 @@ from bot.runtime import _registry  # noqa: E402
 from bot.serving.supervisor import ServerSupervisor  # noqa: E402
 from bot.serving.server_log import LogTail, Request  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
+from bot.serving.probe import canary  # noqa: E402
 from tools import default_registry  # noqa: E402
 
 # (channel, kind, text); kind "canary" sends the watchdog's canary instead of a turn.
@@ -110,7 +111,7 @@ async def run_day(config: Config, gguf: Path, tools: list[dict],
             for channel, kind, text in day:
                 started, sent_before = time.perf_counter(), llm.sent
                 if kind == "canary":
-                    ok, why = await supervisor._canary()
+                    ok, why = await canary(config, supervisor.base_url)  # the watchdog's own
                     if not ok:
                         raise RuntimeError(f"the canary failed: {why}")
                 else:

@@ -117,3 +117,42 @@ def test_the_served_handler_answers_arithmetic_in_words_and_explores_at_temperat
         calls = reply["choices"][0]["message"].get("tool_calls") or []
         branches.add(calls[0]["function"]["name"] if calls else "message")
     assert len(branches) >= 2, branches
+
+
+@pytest.mark.slow
+def test_the_search_stops_early_and_keeps_the_choice_with_every_tool(served_gguf):
+    """Best first, with log π only falling along a path: at slack 0 the argmax is found
+    with far fewer decodes than scoring every option; with a slack, every option within
+    it is scored exactly and the ones left out are below it."""
+    from llama_cpp import Llama
+
+    from tools import default_registry
+    from trainer.tokens import render_prompt
+
+    patch_handlers()
+    schemas = default_registry().schemas()
+    options = ["message:"] + [f"functions.{t['function']['name']}:" for t in schemas]
+    llm = Llama(model_path=str(served_gguf), n_ctx=8192, verbose=False, seed=0)
+    decodes = Counter()
+    inner_eval = llm.eval
+
+    def counting_eval(tokens):
+        decodes["n"] += 1
+        return inner_eval(tokens)
+
+    llm.eval = counting_eval
+    for messages in (ARITHMETIC,):  # one prompt: reading 3,500 tokens takes ~30 s here
+        prompt = render_prompt(messages, schemas, "auto")
+        decodes.clear()
+        _, full = score(llm, prompt, options)
+        every = decodes["n"]
+        decodes.clear()
+        _, greedy = score(llm, prompt, options, slack=0.0)
+        assert greedy.index(max(greedy)) == full.index(max(full))
+        # Decoded along other paths, q8_0 rounds a little differently (see above).
+        assert max(greedy) == pytest.approx(max(full), abs=0.2)
+        assert decodes["n"] < every / 3, (decodes["n"], every)
+        _, near = score(llm, prompt, options, slack=5.0)
+        for kept, exact in zip(near, full):
+            assert (kept == -np.inf and exact < max(full) - 4.8
+                    or kept == pytest.approx(exact, abs=0.2))
