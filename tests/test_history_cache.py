@@ -9,7 +9,8 @@ import sqlite3
 
 import pytest
 
-from bot.storage.store import Step, Store, _read_history
+from bot.storage.history import read_history
+from bot.storage.store import Step, Store
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ async def store(tmp_path):
 def from_sql(path, channel: str, limit: int) -> list[tuple]:
     with sqlite3.connect(path) as db:
         db.row_factory = sqlite3.Row
-        return [(s.id, s.content) for s in _read_history(db, channel, limit)]
+        return [(s.id, s.content) for s in read_history(db, channel, limit)]
 
 
 def seen(steps) -> list[tuple]:

@@ -30,7 +30,6 @@ class Shown:
     name: str
     arguments: dict
     output: str
-    ok: bool
     meta: dict = field(default_factory=dict)
 
 
@@ -49,7 +48,7 @@ async def run_calls(agent: Agent, ctx: Any, calls: tuple[tuple[str, dict], ...]
         result = await agent.tools.call(name, arguments, ctx)
         if not result.ok:
             return f"its call {name} failed: {result.output[:300]}"
-        shown.append(Shown(name, arguments, agent.observation(result), True,
+        shown.append(Shown(name, arguments, agent.observation(result),
                            {"ok": True, **result.meta}))
     return shown
 

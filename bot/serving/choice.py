@@ -93,7 +93,9 @@ def score(llama: Any, prompt: str, options: list[str], slack: float = math.inf
     base = llama.n_tokens
     tokens = [tuple(llama.tokenize(o.encode(), add_bos=False, special=False)) for o in options]
     children: dict[tuple[int, ...], set[int]] = {}
-    for toks in tokens:
+    ends: dict[tuple[int, ...], list[int]] = {}  # node -> the options that end there
+    for i, toks in enumerate(tokens):
+        ends.setdefault(toks, []).append(i)
         for depth in range(len(toks)):
             children.setdefault(toks[:depth], set()).add(toks[depth])
     logprobs = [-math.inf] * len(options)
@@ -111,10 +113,9 @@ def score(llama: Any, prompt: str, options: list[str], slack: float = math.inf
         partial = -negative
         if partial < best - slack:
             break  # every node left is at least this far below: no option left comes closer
-        for i, toks in enumerate(tokens):
-            if toks == node:
-                logprobs[i] = partial
-                best = max(best, partial)
+        for i in ends.get(node, ()):
+            logprobs[i] = partial
+            best = max(best, partial)
         if node in children:
             common = next((i for i, (a, b) in enumerate(zip(state, node)) if a != b),
                           min(len(state), len(node)))

@@ -30,12 +30,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections import OrderedDict
-from collections.abc import Callable
 
-from bot.storage.schema import StoredStep
-
-Reader = Callable[[sqlite3.Connection, str, int], list[StoredStep]]
-
+from bot.storage.schema import StoredStep, stored_step
 
 class _Kept:
     __slots__ = ("steps", "complete")
@@ -52,10 +48,9 @@ class HistoryCache:
         self._version: int | None = None
         self.hits = self.misses = 0  # for tests and benches
 
-    def read(self, db: sqlite3.Connection, channel_id: str, limit: int,
-             reader: Reader) -> list[StoredStep]:
+    def read(self, db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps, oldest first: from memory when they are
-        known, else from ``reader`` (the SQL read), whose answer is then kept."""
+        known, else from SQLite (``read_history``), whose answer is then kept."""
         version = db.execute("PRAGMA data_version").fetchone()[0]
         if version != self._version:
             self._kept.clear()
@@ -66,7 +61,7 @@ class HistoryCache:
             self.hits += 1
             return kept.steps[-limit:] if limit else []
         self.misses += 1
-        steps = reader(db, channel_id, max(limit, self.keep))
+        steps = read_history(db, channel_id, max(limit, self.keep))
         complete = len(steps) < max(limit, self.keep)
         if limit <= self.keep:
             self._put(channel_id, _Kept(steps[-self.keep:], complete))
@@ -91,3 +86,18 @@ class HistoryCache:
         self._kept.move_to_end(channel_id)
         while len(self._kept) > self.channels:
             self._kept.popitem(last=False)
+
+
+def read_history(db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
+    """The channel's last ``limit`` unforgotten steps from SQLite, oldest first."""
+    cursor = db.cursor()
+    cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
+    rows = cursor.execute(
+        # A join, not "NOT IN (forgotten episodes)": that scanned every episode on every
+        # turn; this reads the last ``limit`` steps by index, newest first, and they are
+        # put in order here rather than sorted by SQLite.
+        "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
+        "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
+        (channel_id, limit)).fetchall()
+    names = [column[0] for column in cursor.description]
+    return [stored_step(dict(zip(names, r))) for r in reversed(rows)]

@@ -288,7 +288,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         return await self._commits.run(
-            lambda db: self._history.read(db, channel_id, limit, _read_history))
+            lambda db: self._history.read(db, channel_id, limit))
 
     async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:
         """Episodes started or ended at or after ``since``, with steps and labels.
@@ -387,17 +387,3 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 f"{r['table']} row {r['rowid']}: missing {r['parent']} row" for r in broken
             )
         return "ok"
-
-
-def _read_history(db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
-    cursor = db.cursor()
-    cursor.row_factory = None  # plain tuples, named once below: the hot read of a turn
-    rows = cursor.execute(
-        # A join, not "NOT IN (forgotten episodes)": that scanned every episode on every
-        # turn; this reads the last ``limit`` steps by index, newest first, and they are
-        # put in order here rather than sorted by SQLite.
-        "SELECT s.* FROM steps s JOIN episodes e ON e.id = s.episode_id "
-        "WHERE s.channel_id = ? AND e.forgotten_at IS NULL ORDER BY s.id DESC LIMIT ?",
-        (channel_id, limit)).fetchall()
-    names = [column[0] for column in cursor.description]
-    return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
