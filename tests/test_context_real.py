@@ -21,18 +21,43 @@ def _count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+class _ServerTokens:
+    """Counts tokens as the server does: llama.cpp's own tokenizer of the served GGUF. The
+    HF tokenizer the trainer uses splits a run of spaces before a digit or a newline
+    differently (``"\n     1"``, read_file's line numbers: 3 tokens against llama.cpp's 2;
+    trainer.tokens, "Simplifications"), so the rendered text is checked here, and the HF
+    positions of the training row below."""
+
+    def __init__(self, gguf):
+        from llama_cpp import Llama
+
+        from bot.serving.shim import patch_handlers
+
+        patch_handlers()
+        self._llm = Llama(str(gguf), vocab_only=True, verbose=False)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": self._llm.tokenize(text.encode(), add_bos=add_special_tokens,
+                                                special=True)}
+
+
 def served_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | None,
-                         calls: list[dict]) -> set[int]:
+                         calls: list[dict], choice: str = "") -> set[int]:
     """What the server's usage can say for one agent ask (see tests/test_tokens.py): under
     ``auto`` the handler completes the prompt once per call (after the calls before it and
     the call's ``functions.NAME:\\n`` head), or once after ``message:\\n`` for a text answer;
     when that text came back empty, bot.serving.client asked again under ``none`` and
-    summed both usages. So a text answer has two possible exact counts."""
+    summed both usages. So a text answer has two possible exact counts. A text answer that
+    was a bare call head (choice "call_head") was asked again with that tool named, whose
+    prompt ends with the call's head: both usages, summed."""
     # A call the model wrote as text (its id "call_text_..."; bot.guards) was a text answer.
     calls = [c for c in calls if not str(c.get("id", "")).startswith("call_text_")]
     if not tools:
         return {_count(tokenizer, render_prompt(messages, None, "none"))}
     ours = render_prompt(messages, tools, "auto")
+    if calls and choice == "call_head":
+        head = f"functions.{calls[0]['function']['name']}:\n"
+        return {_count(tokenizer, ours + "message:\n") + _count(tokenizer, ours + head)}
     if calls:
         total, done = 0, ""
         for c in calls:
@@ -51,9 +76,14 @@ def tokenizer(served_gguf):
     return AutoTokenizer.from_pretrained(str(served_gguf.parent / "smollm2-135m-instruct-hf"))
 
 
+@pytest.fixture(scope="module")
+def server_tokens(served_gguf):
+    return _ServerTokens(served_gguf)
+
+
 @pytest.mark.slow
 async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
-        tmp_path, served_gguf, free_port, tokenizer):
+        tmp_path, served_gguf, free_port, tokenizer, server_tokens):
     config = Config()
     config.paths.data_dir = tmp_path
     config.model.gguf = served_gguf
@@ -94,7 +124,7 @@ async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
             sent = sent_messages(row, episode, prefixes, i)
             tools = prefixes[ctx["prefix"]]["tools"] if ctx.get("tools", True) else None
             assert step.prompt_tokens in served_prompt_tokens(
-                tokenizer, sent, tools, step.tool_calls or [])
+                server_tokens, sent, tools, step.tool_calls or [], (step.meta or {}).get("choice", ""))
             if not any(c["id"].startswith("call_text_") for c in step.tool_calls or []):
                 _assert_row_puts_the_action_after_the_prompt(rows, sent, tools, tokenizer)
             checked += 1

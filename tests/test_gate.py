@@ -218,6 +218,37 @@ def test_the_gate_asks_like_the_agents_client():
     assert len(endless.requests) == 1
 
 
+class HeadLlama:
+    """Writes a bare call head as its words under ``auto`` (seen after a night), and the
+    call when the tool is named."""
+
+    def __init__(self, head: str) -> None:
+        self.head, self.requests = head, []
+
+    def create_chat_completion(self, **params):
+        self.requests.append(params)
+        if isinstance(params.get("tool_choice"), dict):
+            message = {"content": None, "tool_calls": [{"function": {
+                "name": params["tool_choice"]["function"]["name"], "arguments": '{"zone": "UTC"}'}}]}
+        else:
+            message = {"content": self.head}
+        return {"choices": [{"message": message}]}
+
+
+def test_the_gate_asks_a_bare_call_head_again_as_the_tool_it_names():
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    requests = [AgentView("sys", tools).render("time?")]
+    head = HeadLlama("functions.get_time:")
+    assert ask_like_agent(head, requests, tools, "chatml-function-calling", 64) == \
+        ['get_time {"zone": "UTC"}']
+    assert head.requests[1]["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
+    # A head naming a tool not offered is an answer in words, as the agent's client keeps it.
+    other = HeadLlama("functions.rm_rf:")
+    assert ask_like_agent(other, requests, tools, "chatml-function-calling", 64) == \
+        ["functions.rm_rf:"]
+    assert len(other.requests) == 1
+
+
 async def test_the_gate_renders_a_request_exactly_as_the_agent_sends_it(tmp_path):
     config = make_config(tmp_path)
     llm = ScriptedLLM([say("4")])

@@ -265,3 +265,25 @@ async def test_an_unreadable_answer_is_an_llm_error_quoting_it(free_port):
                 await llm.chat([{"role": "user", "content": "q"}])
     finally:
         await runner.cleanup()
+
+
+async def test_a_bare_call_head_as_words_is_asked_again_as_that_call(scripted):
+    # The handler's words under "auto" may be "functions.NAME:" and no arguments (seen
+    # after a night): the tool it names is asked for, and its arguments are written then.
+    call = {"id": "c9", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    server = await scripted([(200, completion("functions.add:")),
+                             (200, completion(None, [call]))])
+    async with LLM(config(), base_url=server.url) as llm:
+        reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
+    assert reply.tool_calls == [call] and reply.choice == "call_head"
+    assert [r["tool_choice"] for r in server.requests] == [
+        "auto", {"type": "function", "function": {"name": "add"}}]
+    assert reply.prompt_tokens == 22
+    # A head naming a tool that is not offered, or words around it, are left as they are
+    # (the agent treats them as format errors or answers).
+    for text in ("functions.nope:", "Use functions.add: to add."):
+        server = await scripted([(200, completion(text))])
+        async with LLM(config(), base_url=server.url) as llm:
+            reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
+        assert reply.content == text and len(server.requests) == 1

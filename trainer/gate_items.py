@@ -19,8 +19,8 @@
 **Rendering.** Each request is sent as the agent sends a fresh channel's first
 message: its system prompt and its tool list (``AgentView``), through the
 same wire adaptations as the bot's LLM client (``bot.serving.wire``), with
-``tool_choice`` ``auto`` and a retry with ``none`` when the answer came back
-empty. The bot writes the view it uses into the night's inputs when ``!sleep``
+``tool_choice`` ``auto``, a retry with ``none`` when the answer came back
+empty, and one with the tool named when it was a bare call head. The bot writes the view it uses into the night's inputs when ``!sleep``
 creates the job (``args["agent_view"]``, a JSON file); a night started from
 the command line takes the system prompt from the config and the tool list of
 the newest stored system step. An answer that is a tool call is scored as its
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.config import Config
-from bot.serving.wire import needs_tool_choice, server_messages
+from bot.serving.wire import call_head, needs_tool_choice, server_messages
 from bot.storage.store import Store
 
 logger = logging.getLogger("nightshift.gate")
@@ -172,15 +172,16 @@ def answer_text(message: dict) -> str:
 def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_format: str,
                    max_tokens: int) -> list[str]:
     """Greedy replies of an in-process ``llama_cpp.Llama``, each requested as the bot's
-    client requests it (bot.serving.client.LLM.chat): ``auto`` first, and ``none`` again
-    for a reply that came back empty.
+    client requests it (bot.serving.client.LLM.chat): ``auto`` first, ``none`` again for a
+    reply that came back empty, and the named tool again for a reply that is a bare call
+    head (``functions.NAME:``).
 
     All the ``auto`` requests go first, then the retries: the ``auto`` prompts share the
     system prompt and the tool list (about 3,300 tokens with the full registry), which
     llama.cpp keeps evaluated between consecutive requests, while a ``none`` prompt has no
     tool list and would evict it. Measured on the embedded model, on this loaded 2-core
     CPU: the first ``auto`` request 96 s, the next ones 1-6 s each."""
-    def ask(messages: list[dict], choice: str | None) -> dict:
+    def ask(messages: list[dict], choice: str | dict | None) -> dict:
         params = {"messages": server_messages(messages, chat_format), "temperature": 0,
                   "max_tokens": max_tokens}
         if tools:
@@ -204,6 +205,10 @@ def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_form
             if not message.get("tool_calls") and not (message.get("content") or "").strip() \
                     and "error" not in message:
                 replies[i] = ask(requests[i], "none")
+            elif (name := call_head(message.get("content") or "", tools)) is not None:
+                call = ask(requests[i], {"type": "function", "function": {"name": name}})
+                if call.get("tool_calls"):
+                    replies[i] = call
     return [answer_text(message) for message in replies]
 
 

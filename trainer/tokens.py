@@ -70,6 +70,10 @@ Simplifications, where the rendering is not exact:
   prefix-preserving); within the answer the tokenizer's split may differ from
   the one sampled. Elsewhere the text is tokenized whole, as llama.cpp does; a
   token takes the kind of its last character.
+- The HF tokenizer splits a run of whitespace before a digit or a newline
+  differently from llama.cpp's (``"\\n     1"``, read_file's line numbers, is 3
+  tokens here and 2 on the server): the same text and vocabulary, a token more
+  or less there (tests/test_context_real.py counts the server's way).
 - A text answer in a row with tools is assumed to come from the ``none`` retry
   (the only way this format returns text); a message with both text and tool
   calls (never produced by this format) keeps its text as IGNORE context.

@@ -48,7 +48,7 @@ import aiohttp
 
 from bot.config import Config
 from bot.serving.chat_format import chat_format_name
-from bot.serving.wire import needs_tool_choice, server_messages
+from bot.serving.wire import call_head, needs_tool_choice, server_messages
 
 logger = logging.getLogger("nightshift.llm")
 
@@ -99,7 +99,8 @@ class Reply:
     duration_ms: float = 0.0
     model: str = ""
     # "message": offered tools, the model chose to answer in words (its "message:" under
-    # the tool list, which the night trains as the choice it is); "" otherwise.
+    # the tool list, which the night trains as the choice it is); "call_head": its words
+    # were a bare call head, asked again as that tool (the usage is both requests'); "".
     choice: str = ""
 
 
@@ -194,16 +195,24 @@ class LLM:
         if tools and needs_tool_choice(chat_format):
             params.setdefault("tool_choice", "auto")
         reply = await self._complete(params)
-        if (tools and params.get("tool_choice") == "auto" and needs_tool_choice(chat_format)
-                and not reply.tool_calls and not reply.content.strip()):
+        if not (tools and params.get("tool_choice") == "auto" and needs_tool_choice(chat_format)
+                and not reply.tool_calls):
+            return reply
+        if not reply.content.strip():
             # The model chose to answer in words, which this format returns empty (see
             # bot.serving.wire); ask again for the words, with the same conversation.
-            answer = await self._complete({**params, "tool_choice": "none"})
-            answer.duration_ms += reply.duration_ms
-            answer.prompt_tokens += reply.prompt_tokens
-            answer.completion_tokens += reply.completion_tokens
+            answer = _after(reply, await self._complete({**params, "tool_choice": "none"}))
             answer.choice = "message"
             return answer
+        name = call_head(reply.content, tools)
+        if name is not None:
+            # Its words were a call's head with no arguments: the call it names, with the
+            # arguments written under the tool's schema (the night trains it as that call).
+            call = await self._complete(
+                {**params, "tool_choice": {"type": "function", "function": {"name": name}}})
+            if call.tool_calls:
+                call.choice = "call_head"
+                return _after(reply, call)
         return reply
 
     def _body(self, params: dict[str, Any]) -> bytes:
@@ -291,6 +300,14 @@ class LLM:
                     f"the model server at {self.base_url} did not become ready again: {exc}",
                     attempts=attempts,
                 ) from exc
+
+
+def _after(first: Reply, second: Reply) -> Reply:
+    """``second``, asked because of ``first``, with both requests' time and tokens."""
+    second.duration_ms += first.duration_ms
+    second.prompt_tokens += first.prompt_tokens
+    second.completion_tokens += first.completion_tokens
+    return second
 
 
 def _reply(data: bytes, duration_ms: float, attempt: int) -> Reply:

@@ -7,7 +7,11 @@ llama-cpp-python's ``chatml-function-calling`` format (checked with 0.3.36):
 - refuses an assistant message whose content is null;
 - under ``auto``, constrains a plain answer with the tool-name grammar, so the
   answer comes back empty: the LLM client then asks again with ``tool_choice``
-  ``none``, which renders the same conversation without the tool list.
+  ``none``, which renders the same conversation without the tool list;
+- that grammar lets the answer be a call's head, ``functions.NAME:``, with no
+  arguments (the model chose words, then named a tool): the client then asks
+  for that tool by name, and the handler writes its arguments under the tool's
+  JSON schema (``call_head``).
 
 For every format, special-token text in the content (``<|im_end|>`` in a
 file the agent read) is neutralised first (``bot.serving.special_tokens``): the server
@@ -18,6 +22,8 @@ what goes over the wire, in one place, so the night can render it the same way.
 """
 
 from __future__ import annotations
+
+import re
 
 from bot.serving.special_tokens import neutralise_message
 
@@ -57,6 +63,17 @@ def tool_result_parts(message: dict) -> tuple[str, str]:
     message = neutralise_message(message)  # idempotent: harmless on an already sent copy
     return (TOOL_RESULT_PREFIX.format(name=message.get("name") or "the tool"),
             message.get("content") or "")
+
+
+_HEAD = re.compile(r"\s*functions\.([A-Za-z_][\w.-]*)\s*:?\s*")
+
+
+def call_head(text: str, tools: list[dict]) -> str | None:
+    """The offered tool that ``text`` names as a bare call head (``functions.NAME:``, no
+    arguments), or None."""
+    match = _HEAD.fullmatch(text or "")
+    names = {t.get("function", {}).get("name") for t in tools}
+    return match.group(1) if match and match.group(1) in names else None
 
 
 def needs_tool_choice(chat_format: str) -> bool:
