@@ -27,19 +27,26 @@ front end can show that a turn is working (the console on stderr, Discord as
 a status message).
 
 When the context outgrows the window, older messages are compacted into a
-summary written by the model; the system section and the recent turns stay.
+summary written by the model (``bot.compaction``); an answer that reads as
+unfinished is questioned once (``bot.stray``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from bot.compaction import (  # noqa: F401 - SUMMARY_PREFIX: callers import it from here
+    SUMMARY_PREFIX,
+    SchemaSize,
+    compacted,
+    summarise,
+    to_compact,
+)
 from bot.config import Config
 from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
@@ -47,31 +54,24 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
     EpisodeContext,
     assistant_message,
     assistant_step,
-    estimate_tokens,
     history_messages,
     is_probe_answer,
     outbox_files,
     plain_messages,
-    recent_start,
     strip_reasoning,
-    text_of,
-    yes_no,
 )
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Prefix, Step, Store, StoredStep
+from bot.stray import (  # noqa: F401 - STRAY_*: callers import them from here
+    STRAY_CONTINUE,
+    STRAY_QUESTION,
+    ask_meant_to_continue,
+)
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
-SUMMARY_PREFIX = "Summary of the earlier conversation: "
 CUT_NOTE = ("(this reply was cut off: it reached the limit of {tokens} tokens per reply. "
             "Ask me to continue.)")
-STRAY_QUESTION = ("Did you mean to end your turn? Answer yes if your last message is your "
-                  "final answer, or no if you still have work to do.")
-STRAY_CONTINUE = "Then continue: do the remaining work now, using the tools."
-# json_object + schema: the form llama-cpp-python's server turns into a grammar.
-STRAY_SCHEMA = {"type": "json_object", "schema": {
-    "type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
-    "required": ["answer"]}}
 
 
 class ToolResultLike(Protocol):
@@ -145,7 +145,7 @@ class Agent:
         self.progress: Callable[[str, str], None] = lambda channel, text: None
         # More system-prompt sections, by channel ("" adds none): e.g. a swarm member's task.
         self.prompt_hooks: list[Callable[[str], str]] = []
-        self._schemas_sized: tuple[object, int] = (None, 0)  # (tool list, its token estimate)
+        self._schema_size = SchemaSize()
 
     # -- the turn -------------------------------------------------------------
 
@@ -384,62 +384,31 @@ class Agent:
 
     async def _meant_to_continue(self, channel: str, episode: int, messages: list[dict],
                                  flagged: StoredStep, reason: str) -> bool:
-        """Ask whether the turn really ended; on "no", append the go-ahead and return True."""
-        await self._probe(episode, messages, "user", STRAY_QUESTION)
-        try:
-            reply = await self.llm.chat(messages, response_format=STRAY_SCHEMA, max_tokens=16,
-                                        temperature=0)
-        except LLMError:
-            return False  # the answer stands; the night still sees the flag below
-        answer = yes_no(reply.content)
-        await self._probe(episode, messages, "assistant", reply.content)
+        """Ask whether the turn really ended (bot.stray); True when it goes on."""
+        async def probe(role: str, text: str) -> None:
+            await self._store(episode, Step(role=role, content=text, meta={"probe": "stray"}))
+            messages.append({"role": role, "content": text})
+
+        answer = await ask_meant_to_continue(self.llm, messages, probe)
+        if answer is None:
+            return False  # the answer stands, unquestioned
         await self.store.add_event(channel, episode, "stray_end_of_turn", {
             "step_id": flagged.id, "seq": flagged.seq, "reason": reason, "answer": answer})
-        if answer != "no":
-            return False
-        await self._probe(episode, messages, "user", STRAY_CONTINUE)
-        return True
-
-    async def _probe(self, episode: int, messages: list[dict], role: str, text: str) -> None:
-        await self._store(episode, Step(role=role, content=text, meta={"probe": "stray"}))
-        messages.append({"role": role, "content": text})
+        return answer == "no"
 
     # -- context overflow -----------------------------------------------------
 
     async def _fit(self, turn: _Turn, messages: list[dict]) -> list[dict]:
         """Compact older messages into a summary when the context would overflow."""
-        agent = self.config.agent
-        budget = self.config.model.context_tokens - agent.max_reply_tokens - 256
-        if estimate_tokens(messages) + self._schema_tokens() <= budget:
-            return messages
-        system, rest = messages[0], messages[1:]
-        keep = recent_start(rest, agent.keep_recent_messages)
-        old, recent = rest[:keep], rest[keep:]
+        old = to_compact(self.config, messages, self._schema_size.tokens(self.tools.schemas()))
         if not old:
             return messages
-        summary = await self._summarise(old)
-        await self.store.add_event(turn.channel, turn.episode, "compaction",
-                                   {"messages": len(old), "summary": summary})
-        turn.context.compacted(keep + 1, turn.episode)
-        return [system, {"role": "user", "content": SUMMARY_PREFIX + summary}, *recent]
-
-    def _schema_tokens(self) -> int:
-        """The tool list's share of the prompt: the server renders each tool's name and
-        parameter schema. Cached per list object (the registry hands out one per tool set)."""
-        schemas = self.tools.schemas()
-        if self._schemas_sized[0] is not schemas:
-            rendered = [(t["function"]["name"], t["function"].get("parameters")) for t in schemas]
-            self._schemas_sized = (schemas, estimate_tokens([{"content": json.dumps(rendered)}]))
-        return self._schemas_sized[1]
-
-    async def _summarise(self, old: list[dict]) -> str:
-        transcript = "\n".join(f"{m['role']}: {text_of(m.get('content'))[:2000]}" for m in old)
-        prompt = [{"role": "system", "content": "You summarise conversations faithfully."},
-                  {"role": "user", "content": "Summarise this conversation in a few sentences, "
-                   "keeping facts, file names, decisions and open tasks:\n\n" + transcript}]
         try:
-            reply = await self.llm.chat(prompt, max_tokens=256, temperature=0)
+            summary = await summarise(self.llm, messages[1:old + 1])
         except LLMError as exc:
             raise TurnEnded(f"(the model server failed while compacting: {exc})",
                             status="errored") from exc
-        return strip_reasoning(reply.content).strip() or "(no summary)"
+        await self.store.add_event(turn.channel, turn.episode, "compaction",
+                                   {"messages": old, "summary": summary})
+        turn.context.compacted(old + 1, turn.episode)
+        return compacted(messages, old, summary)
