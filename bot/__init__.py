@@ -2,8 +2,10 @@
 
 Top level, the agent and what drives it:
 
-- ``agent``: one turn, the linear tool-calling loop;
-- ``channels``: one queue and worker per channel, the stray end-of-turn check;
+- ``agent``: one turn, the linear tool-calling loop; ``messages`` (what it sends
+  and stores), ``guards`` (template syntax, repeated calls), ``compaction``
+  (the summary of older messages), ``stray`` (the question to an unfinished answer);
+- ``channels``: one queue and worker per channel, the stray end-of-turn detector;
 - ``runtime``: builds everything a front end talks to, and closes it;
 - ``console``, ``app``: the local console, and the start of the bot;
 - ``commands`` (the admin command table), ``admin`` (its actions), ``doctor``;
