@@ -391,10 +391,13 @@ class Agent:
 
         answer = await ask_meant_to_continue(self.llm, messages, probe)
         if answer is None:
-            return False  # the answer stands, unquestioned
+            return False  # the server failed: the answer stands, and no event is stored
         await self.store.add_event(channel, episode, "stray_end_of_turn", {
             "step_id": flagged.id, "seq": flagged.seq, "reason": reason, "answer": answer})
-        return answer == "no"
+        if answer != "no":
+            return False
+        await probe("user", STRAY_CONTINUE)
+        return True
 
     # -- context overflow -----------------------------------------------------
 

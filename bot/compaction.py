@@ -17,7 +17,8 @@ from bot.messages import estimate_tokens, recent_start, strip_reasoning, text_of
 from bot.serving.client import LLM
 
 SUMMARY_PREFIX = "Summary of the earlier conversation: "
-_SUMMARY_INPUT_CHARS = 2000  # of each old message: a pasted file must not fill the summariser's window
+# Of each old message: a pasted file must not fill the summariser's window.
+_SUMMARY_INPUT_CHARS = 2000
 
 
 class SchemaSize:

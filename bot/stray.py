@@ -3,7 +3,7 @@ the file.") is questioned once per turn, and on "no" the turn goes on.
 
 ``bot.channels.RuleStrayDetector`` flags the answer; the question, the model's
 JSON answer and the go-ahead are stored as probe steps (harness text: the night
-trains neither, ``trainer.tokens``), and the agent stores the event.
+trains none of them, ``trainer.tokens``), and the agent stores the event.
 """
 
 from __future__ import annotations
@@ -24,17 +24,15 @@ STRAY_SCHEMA = {"type": "json_object", "schema": {
 
 async def ask_meant_to_continue(llm: LLM, messages: list[dict],
                                 probe: Callable[[str, str], Awaitable[None]]) -> str | None:
-    """"yes" (the answer stands) or "no" (the go-ahead is appended) to the question, asked
-    at the end of ``messages``; None when the server failed (the answer stands).
-    ``probe(role, text)`` stores a probe step and appends it to ``messages``."""
+    """"yes" (the answer stands) or "no" (the turn goes on) to the question, asked at the
+    end of ``messages``; None when the server failed (the answer stands). ``probe(role,
+    text)`` stores a probe step and appends it to ``messages``; the agent adds the
+    go-ahead, ``STRAY_CONTINUE``, after it has stored the event."""
     await probe("user", STRAY_QUESTION)
     try:
         reply = await llm.chat(messages, response_format=STRAY_SCHEMA, max_tokens=16,
                                temperature=0)
     except LLMError:
         return None
-    answer = yes_no(reply.content)
     await probe("assistant", reply.content)
-    if answer == "no":
-        await probe("user", STRAY_CONTINUE)
-    return answer
+    return yes_no(reply.content)

@@ -23,8 +23,8 @@ def _count(tokenizer, text: str) -> int:
 
 class _ServerTokens:
     """Counts tokens as the server does: llama.cpp's own tokenizer of the served GGUF. The
-    HF tokenizer the trainer uses splits a run of spaces before a digit or a newline
-    differently (``"\n     1"``, read_file's line numbers: 3 tokens against llama.cpp's 2;
+    HF tokenizer the trainer uses splits a run of whitespace before a digit differently
+    (``"\\n     1"``, read_file's line numbers: 3 tokens against llama.cpp's 2;
     trainer.tokens, "Simplifications"), so the rendered text is checked here, and the HF
     positions of the training row below."""
 
@@ -124,7 +124,8 @@ async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
             sent = sent_messages(row, episode, prefixes, i)
             tools = prefixes[ctx["prefix"]]["tools"] if ctx.get("tools", True) else None
             assert step.prompt_tokens in served_prompt_tokens(
-                server_tokens, sent, tools, step.tool_calls or [], (step.meta or {}).get("choice", ""))
+                server_tokens, sent, tools, step.tool_calls or [],
+                (step.meta or {}).get("choice", ""))
             if not any(c["id"].startswith("call_text_") for c in step.tool_calls or []):
                 _assert_row_puts_the_action_after_the_prompt(rows, sent, tools, tokenizer)
             checked += 1

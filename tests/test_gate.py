@@ -228,8 +228,9 @@ class HeadLlama:
     def create_chat_completion(self, **params):
         self.requests.append(params)
         if isinstance(params.get("tool_choice"), dict):
+            name = params["tool_choice"]["function"]["name"]
             message = {"content": None, "tool_calls": [{"function": {
-                "name": params["tool_choice"]["function"]["name"], "arguments": '{"zone": "UTC"}'}}]}
+                "name": name, "arguments": '{"zone": "UTC"}'}}]}
         else:
             message = {"content": self.head}
         return {"choices": [{"message": message}]}

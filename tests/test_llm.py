@@ -287,3 +287,11 @@ async def test_a_bare_call_head_as_words_is_asked_again_as_that_call(scripted):
         async with LLM(config(), base_url=server.url) as llm:
             reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
         assert reply.content == text and len(server.requests) == 1
+    # A second ask that fails, or brings no call, leaves the head as the model's words (the
+    # agent's guard reads it as the call it names); the tokens stay the first request's.
+    for second in ((400, {"error": {"message": "bad grammar"}}), (200, completion(""))):
+        server = await scripted([(200, completion("functions.add:")), second])
+        async with LLM(config(), base_url=server.url) as llm:
+            reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
+        assert reply.content == "functions.add:" and not reply.tool_calls, second
+        assert reply.choice == "" and reply.prompt_tokens == 11 and len(server.requests) == 2

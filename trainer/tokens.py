@@ -70,9 +70,9 @@ Simplifications, where the rendering is not exact:
   prefix-preserving); within the answer the tokenizer's split may differ from
   the one sampled. Elsewhere the text is tokenized whole, as llama.cpp does; a
   token takes the kind of its last character.
-- The HF tokenizer splits a run of whitespace before a digit or a newline
-  differently from llama.cpp's (``"\\n     1"``, read_file's line numbers, is 3
-  tokens here and 2 on the server): the same text and vocabulary, a token more
+- The HF tokenizer splits a run of whitespace before a digit differently from
+  llama.cpp's (``"\\n     1"``, read_file's line numbers, is 3 tokens here and 2
+  on the server; ``"a  \\n1"`` too): the same text and vocabulary, a token more
   or less there (tests/test_context_real.py counts the server's way).
 - A text answer in a row with tools is assumed to come from the ``none`` retry
   (the only way this format returns text); a message with both text and tool
@@ -234,7 +234,9 @@ def render_prompt(messages: list[dict], tools: list[dict] | None,
     """The exact prompt text the server builds for a request with these messages.
 
     ``messages`` are in the store's OpenAI shape (``tool`` roles and all);
-    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``bot.serving.client`` sends them.
+    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``bot.serving.client`` sends them (a
+    request naming a tool, after a bare call head, is the ``auto`` prompt followed by
+    the call's head ``functions.NAME:\\n``).
     """
     if tool_choice not in ("auto", "none"):
         raise ValueError(f"tool_choice must be 'auto' or 'none', not {tool_choice!r}")

@@ -208,11 +208,20 @@ class LLM:
         if name is not None:
             # Its words were a call's head with no arguments: the call it names, with the
             # arguments written under the tool's schema (the night trains it as that call).
-            call = await self._complete(
-                {**params, "tool_choice": {"type": "function", "function": {"name": name}}})
+            try:
+                call = await self._complete(
+                    {**params, "tool_choice": {"type": "function", "function": {"name": name}}})
+            except LLMError as exc:
+                # The head stands as the model's words (bot.guards reads it as the call it
+                # names), as the gate keeps it (trainer.gate_items).
+                logger.warning("asking again for %s after a bare call head failed: %s", name, exc)
+                return reply
             if call.tool_calls:
                 call.choice = "call_head"
                 return _after(reply, call)
+            # The head stands: its time includes the second request, its tokens are the
+            # first's (the prompt the stored step was answered from).
+            reply.duration_ms += call.duration_ms
         return reply
 
     def _body(self, params: dict[str, Any]) -> bytes:
