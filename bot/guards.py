@@ -20,14 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from collections import Counter
 
 from bot.serving.client import Reply
+from bot.serving.wire import TEMPLATE_CALL
 
-# `functions.NAME:` at the start of the text, then optional arguments. A leading
-# `<tool_call>`-like wrapper is not this template's, so it is not recognised here.
-_TEMPLATE_CALL = re.compile(r"^\s*functions\.([A-Za-z_][\w.-]*)\s*:?\s*(.*?)\s*$", re.DOTALL)
 FORMAT_NOTE = ("Your last message was tool-call syntax ({shown}), not an answer and not a "
                "valid call. To use a tool, call it with its exact name and JSON arguments; "
                "the tools are: {names}. Otherwise answer the person in plain words.")
@@ -40,7 +37,7 @@ REPEAT_NOTE = ("\n\n[This is the {count} time you made this same call with the s
 
 def looks_like_template_call(text: str) -> bool:
     """True when ``text`` is the template's call syntax rather than words."""
-    return bool(_TEMPLATE_CALL.match(text or ""))
+    return bool(TEMPLATE_CALL.match(text or ""))
 
 
 def template_call(reply: Reply, tool_names: set[str]) -> Reply:
@@ -52,7 +49,7 @@ def template_call(reply: Reply, tool_names: set[str]) -> Reply:
     """
     if reply.tool_calls:
         return reply
-    match = _TEMPLATE_CALL.match(reply.content or "")
+    match = TEMPLATE_CALL.match(reply.content or "")
     if not match or match.group(1) not in tool_names:
         return reply
     raw = match.group(2).strip() or "{}"

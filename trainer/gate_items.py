@@ -21,9 +21,10 @@ message: its system prompt and its tool list (``AgentView``), through the
 same wire adaptations as the bot's LLM client (``bot.serving.wire``), with
 ``tool_choice`` ``auto``, a retry with ``none`` when the answer came back
 empty, and one with the tool named when it was a bare call head. The bot
-writes the view it uses into the night's inputs when ``!sleep`` creates the job (``args["agent_view"]``, a JSON file); a night started from
-the command line takes the system prompt from the config and the tool list of
-the newest stored system step. An answer that is a tool call is scored as its
+writes the view it uses into the night's inputs when ``!sleep`` creates the
+job (``args["agent_view"]``, a JSON file); a night started from the command
+line takes the system prompt from the config and the tool list of the newest
+stored system step. An answer that is a tool call is scored as its
 text form, ``name {"arg": ...}``, one line per call, so that a check can
 test the chosen tool and its arguments.
 """

@@ -65,15 +65,20 @@ def tool_result_parts(message: dict) -> tuple[str, str]:
             message.get("content") or "")
 
 
-_HEAD = re.compile(r"\s*functions\.([A-Za-z_][\w.-]*)\s*:?\s*")
+# The template's call syntax as text: ``functions.NAME:`` and what follows (the arguments,
+# if any). bot.guards reads a whole reply in it; ``call_head`` a bare head. A leading
+# ``<tool_call>``-like wrapper is not this template's, so it is not recognised.
+TEMPLATE_CALL = re.compile(r"^\s*functions\.([A-Za-z_][\w.-]*)\s*:?\s*(.*?)\s*$", re.DOTALL)
 
 
 def call_head(text: str, tools: list[dict]) -> str | None:
     """The offered tool that ``text`` names as a bare call head (``functions.NAME:``, no
     arguments), or None."""
-    match = _HEAD.fullmatch(text or "")
+    match = TEMPLATE_CALL.match(text or "")
+    if not match or match.group(2):
+        return None
     names = {t.get("function", {}).get("name") for t in tools}
-    return match.group(1) if match and match.group(1) in names else None
+    return match.group(1) if match.group(1) in names else None
 
 
 def needs_tool_choice(chat_format: str) -> bool:

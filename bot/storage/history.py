@@ -33,6 +33,7 @@ from collections import OrderedDict
 
 from bot.storage.schema import StoredStep, stored_step
 
+
 class _Kept:
     __slots__ = ("steps", "complete")
 
