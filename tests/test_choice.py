@@ -156,3 +156,31 @@ def test_the_search_stops_early_and_keeps_the_choice_with_every_tool(served_gguf
         for kept, exact in zip(near, full):
             assert (kept == -np.inf and exact < max(full) - 4.8
                     or kept == pytest.approx(exact, abs=0.2))
+
+
+@pytest.mark.slow
+def test_a_named_tool_gets_its_arguments_under_its_schema(served_gguf):
+    """What the client asks when the model's words were a bare ``functions.NAME:``
+    (bot.serving.wire.call_head): through the patched handler, the named tool's call
+    with every required argument, as its schema's grammar writes them."""
+    import json
+
+    from llama_cpp import Llama
+
+    patch_handlers()
+    llm = Llama(model_path=str(served_gguf), n_ctx=2048, chat_format=FUNCTION_CALLING,
+                verbose=False, seed=0)
+    tools = [{"type": "function", "function": {
+        "name": "write_file", "description": "Create or overwrite a text file.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                        "content": {"type": "string"}},
+                       "required": ["path", "content"], "additionalProperties": False}}},
+        *TOOLS[:1]]
+    messages = [ARITHMETIC[0], {"role": "user", "content": "Create a file named lemon.txt "
+                                                           "that contains the word planet."}]
+    reply = llm.create_chat_completion(
+        messages=messages, tools=tools, temperature=0, max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "write_file"}})
+    call = reply["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "write_file"
+    assert set(json.loads(call["arguments"])) == {"path", "content"}

@@ -47,13 +47,17 @@ def served_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | No
     ``auto`` the handler completes the prompt once per call (after the calls before it and
     the call's ``functions.NAME:\\n`` head), or once after ``message:\\n`` for a text answer;
     when that text came back empty, bot.serving.client asked again under ``none`` and
-    summed both usages (as it does when the text was a bare call head). So a text answer
-    has two possible exact counts."""
+    summed both usages. So a text answer has two possible exact counts. A text answer that
+    was a bare call head (choice "call_head") was asked again with that tool named, whose
+    prompt ends with the call's head: both usages, summed."""
     # A call the model wrote as text (its id "call_text_..."; bot.guards) was a text answer.
     calls = [c for c in calls if not str(c.get("id", "")).startswith("call_text_")]
     if not tools:
         return {_count(tokenizer, render_prompt(messages, None, "none"))}
     ours = render_prompt(messages, tools, "auto")
+    if calls and choice == "call_head":
+        head = f"functions.{calls[0]['function']['name']}:\n"
+        return {_count(tokenizer, ours + "message:\n") + _count(tokenizer, ours + head)}
     if calls:
         total, done = 0, ""
         for c in calls:

@@ -219,26 +219,30 @@ def test_the_gate_asks_like_the_agents_client():
 
 
 class HeadLlama:
-    """Writes a bare call head as its words under ``auto`` (seen after a night), and
-    words under ``none``."""
-
-    words = "It is noon."
+    """Writes a bare call head as its words under ``auto`` (seen after a night), and the
+    call when the tool is named."""
 
     def __init__(self, head: str) -> None:
         self.head, self.requests = head, []
 
     def create_chat_completion(self, **params):
         self.requests.append(params)
-        content = self.words if params.get("tool_choice") == "none" else self.head
-        return {"choices": [{"message": {"content": content}}]}
+        if isinstance(params.get("tool_choice"), dict):
+            name = params["tool_choice"]["function"]["name"]
+            message = {"content": None, "tool_calls": [{"function": {
+                "name": name, "arguments": '{"zone": "UTC"}'}}]}
+        else:
+            message = {"content": self.head}
+        return {"choices": [{"message": message}]}
 
 
-def test_the_gate_asks_a_bare_call_head_again_for_the_words():
+def test_the_gate_asks_a_bare_call_head_again_as_the_tool_it_names():
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
     requests = [AgentView("sys", tools).render("time?")]
     head = HeadLlama("functions.get_time:")
-    assert ask_like_agent(head, requests, tools, "chatml-function-calling", 64) == [head.words]
-    assert head.requests[1]["tool_choice"] == "none"
+    assert ask_like_agent(head, requests, tools, "chatml-function-calling", 64) == \
+        ['get_time {"zone": "UTC"}']
+    assert head.requests[1]["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
     # A head naming a tool not offered is an answer in words, as the agent's client keeps it.
     other = HeadLlama("functions.rm_rf:")
     assert ask_like_agent(other, requests, tools, "chatml-function-calling", 64) == \

@@ -267,16 +267,19 @@ async def test_an_unreadable_answer_is_an_llm_error_quoting_it(free_port):
         await runner.cleanup()
 
 
-async def test_a_bare_call_head_as_words_is_asked_again_for_the_words(scripted):
-    # The handler's word branch under "auto" may return "functions.NAME:" and no arguments
-    # (its follow-up grammar's first-token pick, seen after a night): the model chose
-    # words, so the words are asked for, as for an empty answer.
-    server = await scripted([(200, completion("functions.add:")), (200, completion("5"))])
+async def test_a_bare_call_head_as_words_is_asked_again_as_that_call(scripted):
+    # The handler's words under "auto" may be "functions.NAME:" and no arguments (seen
+    # after a night): the tool it names is asked for, and its arguments are written then.
+    call = {"id": "c9", "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}
+    server = await scripted([(200, completion("functions.add:")),
+                             (200, completion(None, [call]))])
     async with LLM(config(), base_url=server.url) as llm:
         reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
-    assert reply.content == "5" and not reply.tool_calls and reply.choice == "message"
-    assert [r["tool_choice"] for r in server.requests] == ["auto", "none"]
-    assert reply.prompt_tokens == 22  # both requests' usage
+    assert reply.tool_calls == [call] and reply.choice == "call_head"
+    assert [r["tool_choice"] for r in server.requests] == [
+        "auto", {"type": "function", "function": {"name": "add"}}]
+    assert reply.prompt_tokens == 22
     # A head naming a tool that is not offered, or words around it, are left as they are
     # (the agent treats them as format errors or answers).
     for text in ("functions.nope:", "Use functions.add: to add."):
@@ -284,3 +287,11 @@ async def test_a_bare_call_head_as_words_is_asked_again_for_the_words(scripted):
         async with LLM(config(), base_url=server.url) as llm:
             reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
         assert reply.content == text and len(server.requests) == 1
+    # A second ask that fails, or brings no call, leaves the head as the model's words (the
+    # agent's guard reads it as the call it names); the tokens stay the first request's.
+    for second in ((400, {"error": {"message": "bad grammar"}}), (200, completion(""))):
+        server = await scripted([(200, completion("functions.add:")), second])
+        async with LLM(config(), base_url=server.url) as llm:
+            reply = await llm.chat([{"role": "user", "content": "2 + 3?"}], tools=TOOLS)
+        assert reply.content == "functions.add:" and not reply.tool_calls, second
+        assert reply.choice == "" and reply.prompt_tokens == 11 and len(server.requests) == 2

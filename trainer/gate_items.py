@@ -203,12 +203,13 @@ def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_form
     replies = [ask(messages, auto) for messages in requests]
     if auto:
         for i, message in enumerate(replies):
-            words = message.get("content") or ""
-            # Words, as the agent's client reads them: empty, or a bare head from the
-            # word branch's follow-up grammar (bot.serving.client).
-            if not message.get("tool_calls") and "error" not in message \
-                    and (not words.strip() or call_head(words, tools) is not None):
+            if not message.get("tool_calls") and not (message.get("content") or "").strip() \
+                    and "error" not in message:
                 replies[i] = ask(requests[i], "none")
+            elif (name := call_head(message.get("content") or "", tools)) is not None:
+                call = ask(requests[i], {"type": "function", "function": {"name": name}})
+                if call.get("tool_calls"):
+                    replies[i] = call
     return [answer_text(message) for message in replies]
 
 

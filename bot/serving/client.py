@@ -99,9 +99,8 @@ class Reply:
     duration_ms: float = 0.0
     model: str = ""
     # "message": offered tools, the model chose to answer in words (its "message:" under
-    # the tool list, which the night trains as the choice it is; the usage is both
-    # requests'); "call_head" (stored by earlier versions): a bare head asked again as
-    # that tool, trained as the call; "".
+    # the tool list, which the night trains as the choice it is); "call_head": its words
+    # were a bare call head, asked again as that tool (the usage is both requests'); "".
     choice: str = ""
 
 
@@ -199,17 +198,30 @@ class LLM:
         if not (tools and params.get("tool_choice") == "auto" and needs_tool_choice(chat_format)
                 and not reply.tool_calls):
             return reply
-        if not reply.content.strip() or call_head(reply.content, tools) is not None:
-            # The model chose to answer in words (``message:``, on whole options: the choice
-            # the night trains). This format's word branch cannot write words (see
-            # bot.serving.wire): it returns empty, or a bare call head, which its follow-up
-            # grammar (a head or the end) picked greedily on first tokens, a choice no night
-            # trains. Taken as a call, that head turned a trained model's words into the
-            # same wrong write_file call on 20 of 20 held-out sums (bench/learning.py). So
-            # ask again for the words, with the same conversation.
+        if not reply.content.strip():
+            # The model chose to answer in words, which this format returns empty (see
+            # bot.serving.wire); ask again for the words, with the same conversation.
             answer = _after(reply, await self._complete({**params, "tool_choice": "none"}))
             answer.choice = "message"
             return answer
+        name = call_head(reply.content, tools)
+        if name is not None:
+            # Its words were a call's head with no arguments: the call it names, with the
+            # arguments written under the tool's schema (the night trains it as that call).
+            try:
+                call = await self._complete(
+                    {**params, "tool_choice": {"type": "function", "function": {"name": name}}})
+            except LLMError as exc:
+                # The head stands as the model's words (bot.guards reads it as the call it
+                # names), as the gate keeps it (trainer.gate_items).
+                logger.warning("asking again for %s after a bare call head failed: %s", name, exc)
+                return reply
+            if call.tool_calls:
+                call.choice = "call_head"
+                return _after(reply, call)
+            # The head stands: its time includes the second request, its tokens are the
+            # first's (the prompt the stored step was answered from).
+            reply.duration_ms += call.duration_ms
         return reply
 
     def _body(self, params: dict[str, Any]) -> bytes:

@@ -9,9 +9,9 @@ llama-cpp-python's ``chatml-function-calling`` format (checked with 0.3.36):
   answer comes back empty: the LLM client then asks again with ``tool_choice``
   ``none``, which renders the same conversation without the tool list;
 - that grammar lets the answer be a call's head, ``functions.NAME:``, with no
-  arguments (``call_head``): the model chose words, and the grammar, which has no
-  words to offer, picked a head on first tokens; the client asks for the words
-  (``none``) then too.
+  arguments (the model chose words, then named a tool): the client then asks
+  for that tool by name, and the handler writes its arguments under the tool's
+  JSON schema (``call_head``).
 
 For every format, special-token text in the content (``<|im_end|>`` in a
 file the agent read) is neutralised first (``bot.serving.special_tokens``): the server
