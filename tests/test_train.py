@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer import train as T
-from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.losses import echo_loss, oapl_loss
 
 HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
 TOOLS = [{"type": "function", "function": {
@@ -177,14 +177,9 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
 
     tokenizer = _tokenizer(base_dir)
     grads = {}
-    # A demonstrated call and a demonstrated answer in words: imitation is accumulated too.
-    demos = [{**_rows()[0], "episode_id": 7, "advantages": [None] * 5, "token_overrides": [],
-              "imitate": [2, 4]},
-             {**_rows()[1], "episode_id": 8, "advantages": [None] * 4, "imitate": [3]}]
     for micro in (1, 3):
         settings = T.Settings(micro_batch=micro, grad_clip=1e9)
-        examples = T.build_examples(_rows() + demos, tokenizer, settings)
-        assert sum(float(e.demo.sum()) for e in examples) >= 4  # call: head, args, end; words
+        examples = T.build_examples(_rows(), tokenizer, settings)
         model = T.load_model(base_dir, settings)
         _lora_nonzero(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -199,7 +194,7 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
     batch = T.collate(examples, tokenizer.pad_token_id)
     logp = policy(batch["ids"])
     oapl, _ = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], token_adv=batch["tok_adv"])
-    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"])).backward()
+    (oapl + echo_loss(logp, batch["obs"])).backward()
     for a, b, ref in zip(grads[1], grads[3], trainable):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
         assert torch.allclose(a, ref.grad, atol=1e-6, rtol=1e-4)
@@ -424,8 +419,8 @@ def test_a_demonstrated_calls_head_weighs_what_a_demonstrated_message_choice_wei
     """Under the tool list, a demonstration that answers in words imitates the 2-token
     choice ``message:``; one that calls a tool imitates the head ``functions.NAME:``
     beside its arguments. Each decision weighs 1, so the head is not drowned out by
-    the arguments it shares a sequence with (per sequence, each of its tokens weighed
-    about 1/15 of a ``message:`` token, and a night taught every prompt to answer in words)."""
+    the arguments it shares a sequence with (per sequence, it weighed 1/15 of a
+    ``message:``, and a night taught every prompt to answer in words)."""
     tools = [{"type": "function", "function": {
         "name": "write_file", "description": "Write a file.", "parameters": {
             "type": "object", "properties": {"path": {"type": "string"},

@@ -36,7 +36,7 @@ the centring); the table still shows it. Its reward of 1 stays in its group's
 baseline, so the failed attempts beside it are pushed down. Under a tool list it
 is imitated in both of its views (``trainer.tokens``): the tools view's action
 is only the choice to answer in words (``message:``), the plain view's is the
-words; each is one decision (``trainer.losses.imitation_loss``), so the choice
+words, and each sequence's loss is normalised by its own length, so the choice
 weighs as much as the answer. That is intended: the embedded model, offered
 tools, calls one for "What is 3 times 9?".
 """

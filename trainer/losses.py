@@ -1,5 +1,4 @@
-"""The night's losses: OAPL, ECHO, imitation and SDFT, each a pure torch function
-(and ``decision_weights``, the imitation's token weights).
+"""The night's losses: OAPL, ECHO and SDFT, each a pure torch function.
 
 Inputs are per-token log-probabilities already gathered at the target token:
 ``logp[b, t] = log pi(ids[b, t] | ids[b, <t])`` (shape ``(B, T)``), except for
@@ -20,20 +19,17 @@ cross-entropy of each sequence's observation tokens normalised by their count
 (so a long tool output weighs as much as a short one), averaged over the
 sequences that have any.
 
-Imitation: ``weight * sum_t w_t * (-logp_t) / sum_t w_t`` over the batch's
-demonstrated tokens (a demonstration is a practice task's reference answer, given
-because none of the attempts passed), where each *decision* of a demonstration
-weighs 1 in all: a run of consecutive demonstrated tokens (the choice ``message:``;
-a call's head ``functions.NAME:``, its arguments, and after a call its end of turn
-``<|im_end|>``, i.e. no further call; the words of an answer with their end of turn)
-gives each of its tokens ``w_t = 1 / len(run)``. So the loss is the mean over the
-batch's decisions of each one's mean NLL. Why per decision, not per sequence: a
-demonstrated choice to answer in words is a lone 2-token ``message:`` in its
-sequence, while a call's 6-token head shares its sequence with 15-30 tokens of
-arguments; normalised per sequence, each ``message:`` token weighed 12-19 times a
-head token, and a night of demonstrations lifted ``message:`` from -8.5 to -0.2
-nats on held-out prompts that asked for a file while the right head rose only from
--6.5 to -3.9 (the options scored by hand with a bench/learning.py night's release),
+Imitation: ``weight * sum_t w_t * (-logp_t) / sum_t w_t`` over a demonstration's
+tokens (a practice task's reference answer, given because none of the attempts
+passed), where each *decision* of the demonstration weighs 1 in all: a run of
+consecutive demonstrated tokens (the choice ``message:``, a call's head
+``functions.NAME:``, its arguments, the words of an answer) gives each of its
+tokens ``w_t = 1 / len(run)``. Why per decision, not per sequence: a demonstrated
+choice to answer in words is a lone 2-token ``message:`` in its sequence, while a
+call's 6-token head shares its sequence with 30 tokens of arguments; normalised
+per sequence, each ``message:`` token weighed about 15 times a head token, and a
+night of demonstrations lifted ``message:`` from -8.5 to -0.2 nats on prompts that
+asked for a file while the right head rose only from -6.5 to -3.9 (bench/learning.py),
 so every answer became words. By decision, a head and a ``message:`` weigh the same.
 OAPL does not fit demonstrations: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
@@ -143,14 +139,12 @@ def imitation_loss(
     total = w.sum()
     if float(total) == 0.0:
         return logp.sum() * 0.0
-    # where, not a bare product: a padded position's log-prob may be -inf, and 0 * -inf is NaN.
     return weight * -(torch.where(w > 0, logp, torch.zeros_like(logp)) * w).sum() / total
 
 
 def decision_weights(mask: torch.Tensor) -> torch.Tensor:
     """(T,) float: for each run of consecutive True in ``mask`` (one decision of a
-    demonstration), 1 / the run's length on its tokens; 0 elsewhere. Its sum is the
-    number of decisions, which ``trainer.train`` weighs micro-batches by."""
+    demonstration), 1 / the run's length on its tokens; 0 elsewhere (pure)."""
     out = torch.zeros(mask.shape, dtype=torch.float32)
     flags = mask.tolist()
     t = 0

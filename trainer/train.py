@@ -138,9 +138,7 @@ class Example:
     obs: torch.Tensor  # (T,) bool: observation tokens
     terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
     lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
-    # (T,) float: demonstration tokens' weights, 1/len per decision (decision_weights), so its
-    # sum counts decisions; a 0/1 mask here would make imitation a plain per-token mean.
-    demo: torch.Tensor | None = None
+    demo: torch.Tensor | None = None  # (T,) float: demonstration tokens' weights (imitated)
 
     def __post_init__(self) -> None:
         if self.demo is None:
