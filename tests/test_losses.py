@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import decision_weights, echo_loss, imitation_loss, oapl_loss, sdft_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss, sdft_loss
 
 NAN = float("nan")
 
@@ -112,23 +112,11 @@ def test_sdft_is_zero_when_student_matches_teacher():
     assert sdft_loss(logp, logp.clone(), torch.ones(2, 3, dtype=torch.bool)).item() == pytest.approx(0, abs=1e-7)
 
 
-def test_imitation_is_the_weighted_mean_nll_of_demonstration_tokens():
+def test_imitation_is_the_weighted_length_normalised_ce_of_demonstration_tokens():
     logp = torch.tensor([[0.0, -2.0, -4.0], [0.0, -1.0, -1.0]], requires_grad=True)
-    demo = torch.tensor([[0.0, 0.5, 0.5], [0.0, 0.0, 0.0]])  # one decision: row 0's last two
+    demo = torch.tensor([[False, True, True], [False, False, False]])  # only row 0 has one
     loss = imitation_loss(logp, demo, weight=2.0)
     assert loss.item() == pytest.approx(2.0 * (2.0 + 4.0) / 2)
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
-    assert imitation_loss(logp, torch.zeros(2, 3)).item() == 0.0
-
-
-def test_each_demonstrated_decision_weighs_one_whatever_its_length():
-    # A lone 2-token "message:" and a call's 1-token head beside 4 tokens of arguments.
-    mask = torch.tensor([True, True, False, True, False, True, True, True, True])
-    weights = decision_weights(mask)
-    assert weights.tolist() == pytest.approx([0.5, 0.5, 0, 1.0, 0, 0.25, 0.25, 0.25, 0.25])
-    assert weights.sum().item() == pytest.approx(3.0)  # three decisions
-    logp = torch.tensor([[-1.0, -1.0, -9.0, -4.0, -9.0, -2.0, -2.0, -2.0, -2.0]])
-    # The mean over decisions of each one's mean NLL: (1 + 4 + 2) / 3.
-    assert imitation_loss(logp, weights[None]).item() == pytest.approx(7.0 / 3)
-    assert decision_weights(torch.zeros(4, dtype=torch.bool)).sum().item() == 0.0
+    assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0

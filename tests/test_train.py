@@ -306,16 +306,14 @@ def test_a_demonstration_is_imitated_its_likelihood_rises_and_it_is_no_oapl_term
     tokenizer = _tokenizer(base_dir)
     settings = T.Settings(steps=15, lr=5e-3, micro_batch=2, progress=False)
     (example,) = T.build_examples([demo], tokenizer, settings)
-    tokens = example.demo > 0
-    assert example.terms == 0 and int(tokens.sum()) >= 3  # "[CLOUD]<|im_end|>" tokens
-    assert float(example.demo.sum()) == pytest.approx(1.0)  # one decision: the answer
+    assert example.terms == 0 and int(example.demo.sum()) >= 3  # "[CLOUD]<|im_end|>" tokens
     events = []
     result = T.train([demo], base_dir, tmp_path, settings, on_step=events.append)
     policy = T.Policy(result.model, chunk=64)
     with torch.no_grad():
-        after = policy(example.ids[None])[0][tokens].sum()
+        after = policy(example.ids[None])[0][example.demo].sum()
         with result.model.disable_adapter():
-            before = policy(example.ids[None])[0][tokens].sum()
+            before = policy(example.ids[None])[0][example.demo].sum()
     assert after > before + 5.0  # nats: far past what the message's tokens started at
     assert events[0]["imitation"] > 0 and events[-1]["imitation"] < events[0]["imitation"] - 1.0
     assert events[-1]["oapl"] == 0.0
@@ -413,45 +411,3 @@ def test_without_sharing_a_micro_batch_counts_every_row_whole(base_dir):
     checkpointed = T.load_model(base_dir, T.Settings(gradient_checkpointing=True))
     assert not T.sharing(checkpointed) and not T.Policy(checkpointed, 16).shares
     assert T.sharing(T.load_model(base_dir, T.Settings(gradient_checkpointing=False)))
-
-
-def test_a_demonstrated_calls_head_weighs_what_a_demonstrated_message_choice_weighs(base_dir):
-    """Under the tool list, a demonstration that answers in words imitates the 2-token
-    choice ``message:``; one that calls a tool imitates the head ``functions.NAME:``
-    beside its arguments. Each decision weighs 1, so the head is not drowned out by
-    the arguments it shares a sequence with (per sequence, it weighed 1/15 of a
-    ``message:``, and a night taught every prompt to answer in words)."""
-    tools = [{"type": "function", "function": {
-        "name": "write_file", "description": "Write a file.", "parameters": {
-            "type": "object", "properties": {"path": {"type": "string"},
-                                             "content": {"type": "string"}}}}}]
-    system = {"role": "system", "content": "You are Nightshift."}
-    words = {"kind": "episode", "episode_id": 1, "split": "train", "tools": tools, "messages": [
-        system, {"role": "user", "content": "What is 3 times 9?"},
-        {"role": "assistant", "content": "27", "choice": "message"}],
-        "advantages": [None] * 3, "imitate": [2], "token_overrides": [], "labels": []}
-    call = {"kind": "episode", "episode_id": 2, "split": "train", "tools": tools, "messages": [
-        system, {"role": "user", "content": "Create a file a.txt with the word stone."},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "c0", "type": "function",
-         "function": {"name": "write_file",
-                      "arguments": '{"path": "a.txt", "content": "stone and more words"}'}}]}],
-        "advantages": [None] * 3, "imitate": [2], "token_overrides": [], "labels": []}
-    tokenizer = _tokenizer(base_dir)
-    examples = T.build_examples([words, call], tokenizer, T.Settings(progress=False))
-    tools_view = [e for e in examples if int((e.demo > 0).sum()) and
-                  "functions.write_file" in tokenizer.decode(e.ids[:-1])]
-
-    def weight_of(example, text):
-        ids = example.ids.tolist()
-        for start in range(len(ids)):
-            for stop in range(start + 1, min(len(ids), start + 12) + 1):
-                if tokenizer.decode(ids[start:stop]) == text and example.demo[start:stop].all():
-                    return float(example.demo[start:stop].sum())
-        raise AssertionError(f"{text!r} is not a demonstrated span")
-
-    message_choice = next(e for e in tools_view if "What is 3" in tokenizer.decode(e.ids))
-    call_seq = next(e for e in tools_view if "Create a file" in tokenizer.decode(e.ids))
-    assert weight_of(message_choice, "message:") == pytest.approx(1.0)
-    assert weight_of(call_seq, "functions.write_file:") == pytest.approx(1.0)
-    # The call sequence's decisions: its head, its arguments, its end of turn.
-    assert float(call_seq.demo.sum()) == pytest.approx(3.0)

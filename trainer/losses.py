@@ -19,19 +19,10 @@ cross-entropy of each sequence's observation tokens normalised by their count
 (so a long tool output weighs as much as a short one), averaged over the
 sequences that have any.
 
-Imitation: ``weight * sum_t w_t * (-logp_t) / sum_t w_t`` over a demonstration's
-tokens (a practice task's reference answer, given because none of the attempts
-passed), where each *decision* of the demonstration weighs 1 in all: a run of
-consecutive demonstrated tokens (the choice ``message:``, a call's head
-``functions.NAME:``, its arguments, the words of an answer) gives each of its
-tokens ``w_t = 1 / len(run)``. Why per decision, not per sequence: a demonstrated
-choice to answer in words is a lone 2-token ``message:`` in its sequence, while a
-call's 6-token head shares its sequence with 30 tokens of arguments; normalised
-per sequence, each ``message:`` token weighed about 15 times a head token, and a
-night of demonstrations lifted ``message:`` from -8.5 to -0.2 nats on prompts that
-asked for a file while the right head rose only from -6.5 to -3.9 (bench/learning.py),
-so every answer became words. By decision, a head and a ``message:`` weigh the same.
-OAPL does not fit demonstrations: it regresses beta * log-ratio onto A, i.e. it moves a
+Imitation: ``weight * mean_b [ -sum_t logp_demo / n_demo(b) ]``, the same
+length-normalised cross-entropy as ECHO, on the tokens of a demonstration (a
+practice task's reference answer, given because none of the attempts passed).
+OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
 message was sampled from pi_lag. A reference the model would never write
 (log pi_lag of -30 nats over its tokens) is still improbable after +8 nats,
@@ -129,35 +120,11 @@ def echo_loss(
 
 def imitation_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
-    demo_weight: torch.Tensor,  # (B, T) float: each demonstrated token's weight (0 elsewhere)
+    demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
     weight: float = 1.0,
 ) -> torch.Tensor:
-    """weight * the demo-weighted mean NLL of the demonstration tokens (``decision_weights``
-    gives each decision a total weight of 1, so this is the mean over decisions of each
-    one's length-normalised NLL)."""
-    w = demo_weight.to(logp.dtype)
-    total = w.sum()
-    if float(total) == 0.0:
-        return logp.sum() * 0.0
-    return weight * -(torch.where(w > 0, logp, torch.zeros_like(logp)) * w).sum() / total
-
-
-def decision_weights(mask: torch.Tensor) -> torch.Tensor:
-    """(T,) float: for each run of consecutive True in ``mask`` (one decision of a
-    demonstration), 1 / the run's length on its tokens; 0 elsewhere (pure)."""
-    out = torch.zeros(mask.shape, dtype=torch.float32)
-    flags = mask.tolist()
-    t = 0
-    while t < len(flags):
-        if not flags[t]:
-            t += 1
-            continue
-        end = t
-        while end < len(flags) and flags[end]:
-            end += 1
-        out[t:end] = 1.0 / (end - t)
-        t = end
-    return out
+    """weight * mean over sequences of the length-normalised CE of their demonstrations."""
+    return weight * masked_nll(logp, demo_mask)
 
 
 def sdft_loss(

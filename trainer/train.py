@@ -12,7 +12,7 @@ Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
    ``oapl_loss`` on action tokens, ``echo_loss`` on observation tokens and
    ``imitation_loss`` on demonstrations (``trainer.losses``); backward,
    weighted so the accumulated gradient is that of the batch means (messages
-   for OAPL, sequences for ECHO, demonstrated decisions for imitation).
+   for OAPL, sequences for ECHO and imitation).
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only.
 
 Steps: ``steps`` when set; else ``epochs`` passes over the data, but never
@@ -77,7 +77,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.losses import decision_weights, echo_loss, imitation_loss, oapl_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import ACTION, FUNCTION_CALLING, OBSERVATION, render_row
 
@@ -138,11 +138,11 @@ class Example:
     obs: torch.Tensor  # (T,) bool: observation tokens
     terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
     lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
-    demo: torch.Tensor | None = None  # (T,) float: demonstration tokens' weights (imitated)
+    demo: torch.Tensor | None = None  # (T,) bool: demonstration tokens (imitated)
 
     def __post_init__(self) -> None:
         if self.demo is None:
-            self.demo = torch.zeros(len(self.ids))
+            self.demo = torch.zeros(len(self.ids), dtype=torch.bool)
 
 
 def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list[Example]:
@@ -164,9 +164,8 @@ def _example(seq: Any) -> Example:
     kinds = torch.tensor(seq.kinds)
     msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1
                         for k, m in zip(seq.kinds, seq.messages)])
-    demo = decision_weights(torch.tensor([k == ACTION and m in seq.imitated
-                                          for k, m in zip(seq.kinds, seq.messages)],
-                                         dtype=torch.bool))
+    demo = torch.tensor([k == ACTION and m in seq.imitated
+                         for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
     tok_adv = torch.full((len(seq.ids),), math.nan)
     for position, advantage in seq.token_advantages.items():
         tok_adv[position] = advantage
@@ -183,7 +182,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     b = len(examples)
     out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
            "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
-           "demo": torch.zeros(b, length),
+           "demo": torch.zeros(b, length, dtype=torch.bool),
            "lag": torch.zeros(b, length)}
     offset = 0
     for row, e in enumerate(examples):
@@ -306,14 +305,14 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     # Weights that turn micro-batch means into batch means, across processes too.
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
-    demos = sum(float(e.demo.sum()) for e in chosen)  # decisions demonstrated
-    all_demo = max(demos, 1.0)
+    demos = sum(bool(e.demo.any()) for e in chosen)
+    all_demo = max(demos, 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
-        w_demo = sum(float(e.demo.sum()) for e in micro) / all_demo * acc.num_processes * weight
+        w_demo = sum(bool(e.demo.any()) for e in micro) / all_demo * acc.num_processes * weight
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:
             oapl, echo, imitation, stats = micro_losses(policy, micro, settings, ctx["pad_id"],
