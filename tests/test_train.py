@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer import train as T
-from trainer.losses import echo_loss, oapl_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss
 
 HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
 TOOLS = [{"type": "function", "function": {
@@ -177,9 +177,14 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
 
     tokenizer = _tokenizer(base_dir)
     grads = {}
+    # A demonstrated call and a demonstrated answer in words: imitation is accumulated too.
+    demos = [{**_rows()[0], "episode_id": 7, "advantages": [None] * 5, "token_overrides": [],
+              "imitate": [2, 4]},
+             {**_rows()[1], "episode_id": 8, "advantages": [None] * 4, "imitate": [3]}]
     for micro in (1, 3):
         settings = T.Settings(micro_batch=micro, grad_clip=1e9)
-        examples = T.build_examples(_rows(), tokenizer, settings)
+        examples = T.build_examples(_rows() + demos, tokenizer, settings)
+        assert sum(bool(e.demo.any()) for e in examples) >= 2
         model = T.load_model(base_dir, settings)
         _lora_nonzero(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -194,7 +199,7 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
     batch = T.collate(examples, tokenizer.pad_token_id)
     logp = policy(batch["ids"])
     oapl, _ = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], token_adv=batch["tok_adv"])
-    (oapl + echo_loss(logp, batch["obs"])).backward()
+    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"])).backward()
     for a, b, ref in zip(grads[1], grads[3], trainable):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
         assert torch.allclose(a, ref.grad, atol=1e-6, rtol=1e-4)
