@@ -40,17 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from bot.compaction import (  # noqa: F401 - SUMMARY_PREFIX: callers import it from here
-    SUMMARY_PREFIX,
-    SchemaSize,
-    compacted,
-    summarise,
-    to_compact,
-)
+from bot.compaction import SchemaSize, compacted, summarise, to_compact
 from bot.config import Config
 from bot.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
                         template_call)
-from bot.messages import (  # noqa: F401 - history_messages: callers import it from here
+from bot.messages import (
     EpisodeContext,
     assistant_message,
     assistant_step,
@@ -62,11 +56,7 @@ from bot.messages import (  # noqa: F401 - history_messages: callers import it f
 )
 from bot.serving.client import LLM, LLMError, Reply
 from bot.storage.store import Prefix, Step, Store, StoredStep
-from bot.stray import (  # noqa: F401 - STRAY_*: callers import them from here
-    STRAY_CONTINUE,
-    STRAY_QUESTION,
-    ask_meant_to_continue,
-)
+from bot.stray import STRAY_CONTINUE, ask_meant_to_continue
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")

@@ -7,10 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bot.agent import SUMMARY_PREFIX, STRAY_QUESTION, Agent, history_messages
+from bot.agent import Agent
 from bot.channels import RuleStrayDetector
+from bot.compaction import SUMMARY_PREFIX
 from bot.config import Config
+from bot.messages import history_messages
 from bot.storage.store import Store
+from bot.stray import STRAY_QUESTION
 from tests.scripted import ScriptedLLM, call, say
 
 

@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from bot.agent import STRAY_CONTINUE, STRAY_QUESTION, SUMMARY_PREFIX
+from bot.compaction import SUMMARY_PREFIX
 from bot.config import NightConfig
+from bot.stray import STRAY_CONTINUE, STRAY_QUESTION
 from tests.scripted import call, say
 from bot.storage.store import Store
 from tests.test_agent import make_agent

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.agent import SUMMARY_PREFIX
+from bot.compaction import SUMMARY_PREFIX
 from bot.config import Config, NightConfig
 from bot.runtime import Runtime
 from bot.storage.store import Store
