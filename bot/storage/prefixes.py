@@ -28,6 +28,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
+import orjson
+
 from bot.storage.schema import dumps, loads
 
 INSERT_PREFIX = ("INSERT OR IGNORE INTO prompt_prefixes (ref, messages, tools_ref, sources, "
@@ -46,8 +48,12 @@ class Prefix:
     _text: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        # Serialised once: the same text is hashed and stored.
-        self._text = dumps(self.messages, "prefix messages")
+        # Serialised once: the same text is hashed and stored. Every turn makes one, so
+        # orjson (~5x json's speed); its text is json's for messages, which hold no floats.
+        try:
+            self._text = orjson.dumps(self.messages).decode()
+        except TypeError:  # a lone surrogate or a non-string key: json's refusal and message
+            self._text = dumps(self.messages, "prefix messages")
         self.ref = hashlib.sha256(f"{self.tools_ref}\n{self._text}".encode()).hexdigest()
 
     def values(self) -> tuple:
