@@ -6,17 +6,26 @@ import asyncio
 
 import pytest
 
+from bot.serving import http
 from bot.serving.http import MAX_BODY, HTTPClient, TransportError
 
 HEADERS = {"Content-Type": "application/json"}
 
 
+HOLD = object()  # an answer: keep the request unanswered until the server stops
+
+
 class RawServer:
     """Reads HTTP requests; ``answer(n, body)`` returns the raw bytes to send for the
-    n-th request (0-based), or None to close the connection without answering."""
+    n-th request (0-based), None to close the connection without answering, or HOLD.
+    After an answer with ``Connection: close`` it closes the connection, unless
+    ``honour_close`` is False; with ``close_after`` it closes every connection after
+    its answer, as a server whose keep-alive timeout passed."""
 
-    def __init__(self, answer) -> None:
+    def __init__(self, answer, honour_close: bool = True, close_after: bool = False) -> None:
         self.answer = answer
+        self.honour_close, self.close_after = honour_close, close_after
+        self.release = asyncio.Event()
         self.requests: list[bytes] = []
         self.connections = 0
         self._server: asyncio.AbstractServer | None = None
@@ -28,6 +37,7 @@ class RawServer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.release.set()
         self._server.close()
         await self._server.wait_closed()
 
@@ -47,12 +57,12 @@ class RawServer:
                 raw = self.answer(len(self.requests) - 1, body)
                 if raw is None:
                     break
-                if isinstance(raw, float):  # hold the request this long, then drop it
-                    await asyncio.sleep(raw)
+                if raw is HOLD:
+                    await self.release.wait()
                     break
                 writer.write(raw)
                 await writer.drain()
-                if b"connection: close" in raw.lower():
+                if self.close_after or (self.honour_close and b"connection: close" in raw.lower()):
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -92,7 +102,7 @@ async def test_a_chunked_answer_is_joined_and_the_connection_kept():
 async def test_connection_close_is_honoured_and_an_error_status_returned():
     answer = lambda n, body: (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n"  # noqa: E731
                               b"Connection: close\r\n\r\nbusy")
-    async with RawServer(answer) as server:
+    async with RawServer(answer, honour_close=False) as server:  # it would serve another
         client = HTTPClient(timeout_s=5)
         try:
             assert await client.post(server.url, b"a", HEADERS) == (503, b"busy")
@@ -102,34 +112,73 @@ async def test_connection_close_is_honoured_and_an_error_status_returned():
     assert server.connections == 2
 
 
-async def test_an_idle_connection_the_server_closed_is_replaced_and_the_request_sent_once():
-    # The first connection answers once and is then closed by the server while idle (as
-    # uvicorn does after its keep-alive timeout): the next request goes on a fresh one.
-    def answer(n, body):
-        return framed(b"ok", "Connection: keep-alive") if n != 1 else None
-
-    async with RawServer(answer) as server:
+async def test_a_pooled_connection_dropped_without_an_answer_is_sent_once_more_on_a_fresh_one():
+    # The second request, on the pooled connection, is read and dropped unanswered (as a
+    # server that closed the connection, or died, would): it goes once more on a new one.
+    async with RawServer(lambda n, body: framed(b"ok") if n != 1 else None) as server:
         client = HTTPClient(timeout_s=5)
         try:
             assert await client.post(server.url, b"first", HEADERS) == (200, b"ok")
-            # The server drops the next request unanswered on the reused connection...
             assert await client.post(server.url, b"second", HEADERS) == (200, b"ok")
         finally:
             await client.close()
-    # ...which is sent once more on a new connection: it was never answered.
     assert server.requests == [b"first", b"second", b"second"] and server.connections == 2
+
+
+async def test_a_request_is_sent_at_most_twice_however_many_pooled_connections_drop_it():
+    async with RawServer(lambda n, body: None if body == b"x" else framed(b"ok")) as server:
+        client = HTTPClient(timeout_s=5)
+        try:
+            await asyncio.gather(*(client.post(server.url, b"warm", HEADERS) for _ in range(3)))
+            assert server.connections == 3  # three pooled connections
+            # Dropped on a pooled one, then on the fresh one: given up, not sent a third time.
+            with pytest.raises(TransportError, match="without answering"):
+                await client.post(server.url, b"x", HEADERS)
+        finally:
+            await client.close()
+    assert server.requests.count(b"x") == 2 and server.connections == 4
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced_before_sending():
+    # As uvicorn's keep-alive timeout does: the answer, then the server closes the
+    # connection. Seen closed, it is not used: the next request is sent once, on a new one.
+    async with RawServer(lambda n, body: framed(b"ok"), close_after=True) as server:
+        client = HTTPClient(timeout_s=5)
+        try:
+            assert await client.post(server.url, b"first", HEADERS) == (200, b"ok")
+            (reader, _), _ = client._idle[("127.0.0.1", server.port)][0]  # noqa: SLF001
+            while not reader.at_eof():
+                await asyncio.sleep(0.01)
+            assert await client.post(server.url, b"second", HEADERS) == (200, b"ok")
+        finally:
+            await client.close()
+    assert server.requests == [b"first", b"second"] and server.connections == 2
+
+
+async def test_a_connection_idle_past_the_limit_is_closed_not_reused(monkeypatch):
+    monkeypatch.setattr(http, "IDLE_S", 0.05)
+    async with RawServer(lambda n, body: framed(b"ok")) as server:
+        client = HTTPClient(timeout_s=5)
+        try:
+            await client.post(server.url, b"a", HEADERS)
+            await asyncio.sleep(0.1)
+            await client.post(server.url, b"b", HEADERS)
+        finally:
+            await client.close()
+    assert server.requests == [b"a", b"b"] and server.connections == 2
 
 
 async def test_an_answer_cut_mid_body_is_an_error_and_never_sent_again():
     cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\npartial"
-    async with RawServer(lambda n, body: cut) as server:
+    async with RawServer(lambda n, body: framed(b"ok") if n == 0 else cut) as server:
         client = HTTPClient(timeout_s=5)
         try:
+            await client.post(server.url, b"warm", HEADERS)  # the next goes on a reused one
             with pytest.raises(TransportError, match="could not be read"):
                 await client.post(server.url, b"x", HEADERS)
         finally:
             await client.close()
-    assert server.requests == [b"x"]
+    assert server.requests == [b"warm", b"x"]
 
 
 async def test_a_fresh_connection_closed_without_an_answer_is_an_error():
@@ -144,25 +193,62 @@ async def test_a_fresh_connection_closed_without_an_answer_is_an_error():
 
 
 async def test_the_deadline_covers_the_whole_request_and_the_connection_is_dropped():
-    answers = [2.0, framed(b"late ok")]
+    answers = [HOLD, framed(b"ok")]
     async with RawServer(lambda n, body: answers[n]) as server:
         client = HTTPClient(timeout_s=0.3)
         try:
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError, match="no answer from 127.0.0.1"):
                 await client.post(server.url, b"slow", HEADERS)
-            assert await client.post(server.url, b"next", HEADERS) == (200, b"late ok")
+            client.timeout_s = 10
+            assert await client.post(server.url, b"next", HEADERS) == (200, b"ok")
         finally:
             await client.close()
     assert server.connections == 2
+
+
+async def test_a_cancelled_request_does_not_return_its_connection_to_the_pool():
+    answers = [HOLD, framed(b"ok")]
+    async with RawServer(lambda n, body: answers[n]) as server:
+        client = HTTPClient(timeout_s=10)
+        try:
+            task = asyncio.create_task(client.post(server.url, b"slow", HEADERS))
+            while not server.requests:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await client.post(server.url, b"next", HEADERS) == (200, b"ok")
+        finally:
+            await client.close()
+    assert server.connections == 2
+
+
+async def test_interim_no_body_and_unframed_answers():
+    answers = [b"HTTP/1.1 100 Continue\r\n\r\n" + framed(b"after interim"),
+               b"HTTP/1.1 204 No Content\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end"]
+    async with RawServer(lambda n, body: answers[n]) as server:
+        client = HTTPClient(timeout_s=5)
+        try:
+            assert await client.post(server.url, b"a", HEADERS) == (200, b"after interim")
+            assert await client.post(server.url, b"b", HEADERS) == (204, b"")
+            assert await client.post(server.url, b"c", HEADERS) == (200, b"to the end")
+        finally:
+            await client.close()
+    assert server.connections == 1  # kept after the first two; the unframed one ended it
 
 
 async def test_oversized_or_malformed_answers_are_refused():
     answers = [f"HTTP/1.1 200 OK\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode(),
                b"SPDY/3 200 OK\r\n\r\n",
                b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
-               b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"]
+               b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+               b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+               "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"),
+               "HTTP/1.1 \u00b200 OK\r\n\r\n".encode("latin-1")]
     async with RawServer(lambda n, body: answers[n]) as server:
-        for match in ("Content-Length", "not an HTTP/1.x", "malformed header", "chunk size"):
+        for match in ("Content-Length", "not an HTTP/1.x", "malformed header", "chunk size",
+                      "chunk size", "Content-Length", "not an HTTP/1.x"):
             client = HTTPClient(timeout_s=5)
             try:
                 with pytest.raises(TransportError, match=match):
@@ -178,5 +264,7 @@ async def test_refused_connections_and_other_schemes_are_transport_errors(free_p
             await client.post(f"http://127.0.0.1:{free_port}/v1", b"x", HEADERS)
         with pytest.raises(TransportError, match="only http://"):
             await client.post("https://127.0.0.1/v1", b"x", HEADERS)
+        with pytest.raises(TransportError, match="unusable URL"):
+            await client.post("http://127.0.0.1:port/v1", b"x", HEADERS)
     finally:
         await client.close()
