@@ -268,3 +268,20 @@ async def test_refused_connections_and_other_schemes_are_transport_errors(free_p
             await client.post("http://127.0.0.1:port/v1", b"x", HEADERS)
     finally:
         await client.close()
+
+
+async def test_idle_connections_to_a_server_no_longer_used_are_closed(monkeypatch):
+    # A blue/green swap moves to another port: the old port's pooled connections must not
+    # stay open until the client closes.
+    monkeypatch.setattr(http, "IDLE_S", 0.05)
+    async with RawServer(lambda n, body: framed(b"old")) as old, \
+            RawServer(lambda n, body: framed(b"new")) as new:
+        client = HTTPClient(timeout_s=5)
+        try:
+            await client.post(old.url, b"a", HEADERS)
+            (_, writer), _ = client._idle[("127.0.0.1", old.port)][0]  # noqa: SLF001
+            await asyncio.sleep(0.1)
+            assert await client.post(new.url, b"b", HEADERS) == (200, b"new")
+            assert writer.is_closing() and ("127.0.0.1", old.port) not in client._idle  # noqa: SLF001
+        finally:
+            await client.close()

@@ -49,6 +49,7 @@ class HTTPClient:
         self.timeout_s = timeout_s
         self._idle: dict[tuple[str, int], list[tuple[_Conn, float]]] = {}  # with idle since
         self._closed = False
+        self._swept = time.monotonic()
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """The status and body of the answer to POST ``body`` to ``url``."""
@@ -93,24 +94,31 @@ class HTTPClient:
 
     async def _connection(self, host: str, port: int) -> tuple[_Conn, bool]:
         now = time.monotonic()
-        for key in list(self._idle):  # a few servers at most (a swap moves to a new port)
-            fresh = []
-            for conn, since in self._idle[key]:
-                if now - since < IDLE_S and not conn[0].at_eof() and not conn[1].is_closing():
-                    fresh.append((conn, since))
-                else:
+        if now - self._swept > IDLE_S:
+            self._sweep(now)  # every few seconds, not per request: 50 channels pool 50
+        idle = self._idle.get((host, port))
+        while idle:  # the most recently used first
+            conn, since = idle.pop()
+            if now - since < IDLE_S and not conn[0].at_eof() and not conn[1].is_closing():
+                return conn, True
+            conn[1].close()
+        try:
+            return await asyncio.open_connection(host, port, limit=MAX_HEAD), False
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {host}:{port}: {exc}") from exc
+
+    def _sweep(self, now: float) -> None:
+        """Close the connections idle too long, of every server (a swap's old port too)."""
+        self._swept = now
+        for key, conns in list(self._idle.items()):
+            fresh = [(conn, since) for conn, since in conns if now - since < IDLE_S]
+            for conn, since in conns:
+                if now - since >= IDLE_S:
                     conn[1].close()
             if fresh:
                 self._idle[key] = fresh
             else:
                 del self._idle[key]
-        idle = self._idle.get((host, port))
-        if idle:
-            return idle.pop()[0], True
-        try:
-            return await asyncio.open_connection(host, port, limit=MAX_HEAD), False
-        except OSError as exc:
-            raise TransportError(f"cannot connect to {host}:{port}: {exc}") from exc
 
     async def close(self) -> None:
         self._closed = True
