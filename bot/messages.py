@@ -20,7 +20,9 @@ _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the rea
 
 
 def strip_reasoning(text: str) -> str:
-    return _THINK.sub("", text or "")
+    if not text or "<think>" not in text:  # every history message, every turn: skip the regex
+        return text or ""
+    return _THINK.sub("", text)
 
 
 def history_messages(steps: list[StoredStep]) -> list[dict]:

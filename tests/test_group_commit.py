@@ -54,6 +54,34 @@ async def test_a_failing_operation_is_rolled_back_alone(store, tmp_path):
     assert contents == ["hi", "hi", "kept"]
 
 
+async def test_a_batch_with_a_failing_operation_is_run_again_without_it(store, tmp_path):
+    # The batch runs first without a savepoint per operation; one that writes and then
+    # raises rolls the whole transaction back and the batch runs again, each operation
+    # apart. Its half-write is gone, the others are stored once, in memory as in SQLite.
+    episode, _ = await store.start_turn("e", None, [Step(role="user", content="one")])
+    await store.channel_history("e", 10)  # kept in memory from here on
+
+    def half_then_fail(db):
+        db.execute("INSERT INTO channels (id, created_at) VALUES ('half', 0)")
+        raise ValueError("planted")
+
+    before = store._commits.batches
+    results = await asyncio.gather(
+        store.add_step(episode, Step(role="assistant", content="two")),
+        store._commits.run(half_then_fail),
+        store.channel_history("e", 10),
+        store.add_step(episode, Step(role="user", content="three")),
+        return_exceptions=True)
+    assert store._commits.batches - before == 1  # one batch, run twice inside
+    assert isinstance(results[1], ValueError)
+    assert [s.content for s in results[2]] == ["one", "two"]
+    assert [s.content for s in await store.channel_history("e", 10)] == ["one", "two", "three"]
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM channels WHERE id = 'half'").fetchone()[0] == 0
+        assert [r[0] for r in db.execute("SELECT content FROM steps ORDER BY id")] == [
+            "one", "two", "three"]
+
+
 async def test_a_read_sees_the_writes_queued_before_it(store):
     episode, _ = await store.start_turn("c", None, [Step(role="user", content="one")])
     write = asyncio.ensure_future(store.add_step(episode, Step(role="assistant", content="two")))

@@ -78,18 +78,24 @@ async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(tmp_path):
     try:
         episode, _ = await store.start_turn("d", None, [Step(role="user", content="hi")])
         assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
-        original = store._commits._one
+        commits = store._commits
+        real = commits._conn
 
-        def insert_then_fail(conn, op):
-            # The step is inserted (and kept in memory), then the batch fails before its
-            # COMMIT, as it would on a full disk: it is rolled back whole.
-            original(conn, op)
-            raise sqlite3.OperationalError("disk I/O error (planted)")
+        class FailingCommit:
+            # The step is inserted (and kept in memory), then the batch's COMMIT fails, as
+            # it would on a full disk: the batch is rolled back whole.
+            def __getattr__(self, name):
+                return getattr(real, name)
 
-        store._commits._one = insert_then_fail
+            def execute(self, sql, *args):
+                if sql == "COMMIT":
+                    raise sqlite3.OperationalError("disk I/O error (planted)")
+                return real.execute(sql, *args)
+
+        commits._conn = FailingCommit()
         with pytest.raises(sqlite3.OperationalError, match="planted"):
             await store.add_step(episode, Step(role="assistant", content="lost"))
-        store._commits._one = original
+        commits._conn = real
         assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
         assert from_sql(path, "d", 20) == [(1, "hi")]
     finally:
@@ -108,3 +114,30 @@ async def test_concurrent_turns_read_their_own_channels(store, tmp_path):
             history = await store.channel_history(f"c{i}", 4)
             assert seen(history) == from_sql(tmp_path / "store.db", f"c{i}", 4)
             assert {s.channel_id for s in history} == {f"c{i}"}
+
+
+async def test_a_step_as_stored_is_the_step_read_back(tmp_path):
+    # The store builds a stored step from the values it inserted, not from RETURNING *:
+    # it must equal, field for field, the step SQLite gives back, and share no dict with
+    # the caller's Step.
+    path = tmp_path / "store.db"
+    store = await Store.open(path)
+    try:
+        meta = {"context": {"ref": "abc", "start": 2}, "ok": True, "big": 2**70}
+        call = [{"id": "c1", "type": "function",
+                 "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}]
+        episode, opened = await store.start_turn("s", "alias", [
+            Step(role="system", content="sys", meta={"tools_ref": None}),
+            Step(role="user", content="hi ☃", name="ann")])
+        step = Step(role="assistant", content="", tool_calls=call, meta=meta,
+                    duration_ms=12.5, prompt_tokens=7, completion_tokens=3)
+        stored = await store.add_step(episode, step)
+        meta["context"]["ref"] = "changed"
+        with sqlite3.connect(path) as db:
+            db.row_factory = sqlite3.Row
+            back = read_history(db, "s", 10)
+        assert [vars(s) for s in [*opened, stored]] == [vars(s) for s in back]
+        assert stored.meta["context"]["ref"] == "abc" and stored.seq == 2
+        assert stored.model_version == "alias"  # taken from the episode, as SQLite set it
+    finally:
+        await store.close()

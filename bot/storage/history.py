@@ -14,8 +14,9 @@ It stays honest with three rules:
   cache when it moved: ``/forget``, an erasure or another writer's step is
   seen exactly as SQLite would show it.
 - **This connection's writes.** A step is appended only by the operation that
-  inserted it, as its last action, so a step whose savepoint was rolled back
-  never enters. A batch whose COMMIT fails empties the cache
+  inserted it, as its last action, so a step whose operation raised never
+  enters. A batch rolled back whole (its COMMIT failed, or one operation raised
+  and the batch is run again apart) empties the cache
   (``GroupCommit(on_rollback=...)``).
 - **Bounds.** At most ``keep`` steps for each of at most ``channels``
   channels, the least recently used dropped first; a read for more than is

@@ -38,7 +38,6 @@ from bot.storage.toolsets import ToolSets
 
 from bot.storage.schema import (
     EPISODE_STATUSES,
-    INSERT_STEP,
     LABELS,
     Episode,
     SchemaTooNewError,
@@ -47,6 +46,7 @@ from bot.storage.schema import (
     check,
     check_step,
     dumps,
+    insert_step,
     migrate,
     nonempty,
     record,
@@ -231,8 +231,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 (channel_id, now, model_version)).lastrowid
             if prefix is not None:
                 db.execute(INSERT_PREFIX, prefix.values())
-            stored = [stored_step(db.execute(INSERT_STEP, step_values(step, episode_id))
-                                  .fetchone()) for step in steps]
+            stored = [insert_step(db, step_values(step, episode_id)) for step in steps]
             for step in stored:  # the last action: nothing after it can roll them back
                 self._history.appended(step)
             return episode_id, stored
@@ -268,12 +267,11 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         values = step_values(step, episode_id)
 
         def op(db: sqlite3.Connection) -> StoredStep:
-            if prefix is not None:  # in the step's savepoint: no step refers to a missing prefix
+            if prefix is not None:  # undone with the step: no step refers to a missing prefix
                 db.execute(INSERT_PREFIX, prefix.values())
-            row = db.execute(INSERT_STEP, values).fetchone()
-            if row is None:
+            stored = insert_step(db, values)
+            if stored is None:
                 raise _missing_or_closed(db, episode_id)  # rolls the prefix back too
-            stored = stored_step(row)
             self._history.appended(stored)
             return stored
 
