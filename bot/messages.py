@@ -60,9 +60,11 @@ def text_of(content: str | list | None) -> str:
 
 
 def estimate_tokens(messages: list[dict]) -> int:
-    chars = sum(len(text_of(m.get("content")))
-                + (len(json.dumps(m["tool_calls"])) if m.get("tool_calls") else 2)  # "[]"
-                for m in messages)
+    chars = 0
+    for m in messages:  # a loop, not sum(genexpr): every step of every turn runs it
+        content, calls = m.get("content"), m.get("tool_calls")
+        chars += len(content) if type(content) is str else len(text_of(content))
+        chars += len(json.dumps(calls)) if calls else 2  # "[]"
     return int(chars / _CHARS_PER_TOKEN) + 4 * len(messages)
 
 

@@ -66,7 +66,13 @@ def neutralise_content(content: Any) -> Any:
 
 
 def neutralise_message(message: dict) -> dict:
-    """A copy of an OpenAI-shaped message with its content, name and tool calls neutralised."""
+    """An OpenAI-shaped message with its content, name and tool calls neutralised: a
+    copy, or the message itself when it is plain text with nothing to neutralise (every
+    history message of every request; the callers never change what they get)."""
+    content = message.get("content")
+    if (type(content) is str and "<" not in content and "[" not in content
+            and "name" not in message and not message.get("tool_calls")):
+        return message
     out = dict(message)
     if "content" in out:
         out["content"] = neutralise_content(out["content"])
