@@ -123,7 +123,7 @@ async def test_a_step_as_stored_is_the_step_read_back(tmp_path):
     path = tmp_path / "store.db"
     store = await Store.open(path)
     try:
-        meta = {"context": {"ref": "abc", "start": 2}, "ok": True, "big": 2**70}
+        meta = {"context": {"ref": "abc", "start": 2}, "ok": True, "big": 2**70 + 1}
         call = [{"id": "c1", "type": "function",
                  "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}]
         episode, opened = await store.start_turn("s", "alias", [

@@ -52,8 +52,10 @@ def server_messages(messages: list[dict], chat_format: str) -> list[dict]:
 
 
 def neutral_messages(messages: list[dict]) -> list[dict]:
-    """Copies with special-token text neutralised and nothing else changed: for requests
-    without tools in any format (the night's JSON questions, the gate's prompts)."""
+    """The messages with special-token text neutralised and nothing else changed, for
+    requests without tools in any format (the night's JSON questions, the gate's
+    prompts): copies where something changed, else the caller's own dicts, so what is
+    returned must not be changed."""
     return [neutralise_message(m) for m in messages]
 
 

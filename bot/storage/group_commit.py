@@ -136,23 +136,26 @@ class GroupCommit:
 
         Optimistic: the batch runs first with no savepoint per operation (a savepoint
         and its release are two statements more for each, about a third of a turn's
-        SQLite time in bench/agent.py). Only if one raises is the whole transaction
-        rolled back, what memory kept from it dropped (``on_rollback``), and the batch
-        run again with a savepoint around each, so that the failing one alone is
-        undone. Operations are plain functions of the connection, so running one
+        SQLite time in bench/agent.py). Only if one raises is the whole batch undone,
+        what memory kept from it dropped (``on_rollback``), and the batch run again
+        with a savepoint around each, so that the failing one alone is undone. Operations are plain functions of the connection, so running one
         again after a rollback is running it for the first time."""
         self.batches += 1
         self.operations += len(ops)
         try:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
+            # One savepoint for the whole batch: undoing it keeps the transaction, so the
+            # write lock is not let go (and maybe lost to another writer) for the rerun.
+            conn.execute("SAVEPOINT batch")
             try:
                 results = [(True, op(conn)) for op in ops]
             except Exception:  # one operation's own error: undo all, then isolate it
                 self._on_rollback()
                 if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("ROLLBACK TO batch")
+                else:  # SQLite rolled it all back itself: begin again
+                    conn.execute("BEGIN IMMEDIATE")
                 results = [self._one(conn, op) for op in ops]
             conn.execute("COMMIT")
         except Exception as exc:  # nothing of the batch is stored: every caller hears why

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiosqlite
-import orjson
 
 ROLES = ("system", "user", "assistant", "tool")
 EPISODE_STATUSES = ("open", "complete", "aborted", "errored")
@@ -137,7 +136,7 @@ INSERT_STEP = f"""INSERT INTO steps (episode_id, channel_id, seq, {STEP_COLUMNS}
            (SELECT COALESCE(MAX(s.seq), -1) + 1 FROM steps s WHERE s.episode_id = e.id),
            ?, ?, ?, ?, ?, COALESCE(?, e.model_version), ?, ?, ?, ?, ?, ?
     FROM episodes e WHERE e.id = ? AND e.status = 'open'
-    RETURNING id, channel_id, seq, model_version"""
+    RETURNING id, episode_id, channel_id, seq, model_version"""
 
 
 def insert_step(db: sqlite3.Connection, values: tuple) -> StoredStep | None:
@@ -145,28 +144,20 @@ def insert_step(db: sqlite3.Connection, values: tuple) -> StoredStep | None:
     is missing or no longer open.
 
     The stored step is made from the values sent, not read back with ``RETURNING *``:
-    only what SQLite computed (id, channel, seq, the model) comes back, which halves the
-    insert's cost on every step of every turn (bench/agent.py). Its JSON fields are
-    decoded from the text stored, so it shares no dict with the caller's ``Step``, as a
-    step read back would not."""
+    only what SQLite computed (id, episode, channel, seq, the model) comes back, which
+    halves the insert's cost on every step of every turn (bench/agent.py). Its JSON
+    fields are decoded from the text stored, by the decoder a read uses (orjson reads an
+    integer over 64 bits as a float), so it shares no dict with the caller's ``Step``
+    and equals the step read back."""
     row = db.execute(INSERT_STEP, values).fetchone()
     if row is None:
         return None
     step = object.__new__(StoredStep)
     step.__dict__.update(zip(STEP_FIELDS, values))
-    step.__dict__.update(id=row[0], channel_id=row[1], seq=row[2], model_version=row[3],
-                         created_at=values[-2], episode_id=values[-1],
-                         tool_calls=_fresh(values[2]), meta=_fresh(values[10]))
+    step.__dict__.update(id=row[0], episode_id=row[1], channel_id=row[2], seq=row[3],
+                         model_version=row[4], created_at=values[-2],
+                         tool_calls=loads(values[2]), meta=loads(values[10]))
     return step
-
-
-def _fresh(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:  # what orjson refuses (an integer over 64 bits), json reads
-        return json.loads(text)
 
 
 def check_step(step: Step) -> None:
