@@ -63,6 +63,10 @@ data_dir = "data"
 [model]
 gguf = "{served_gguf}"
 hf_dir = "{served_gguf.parent / 'smollm2-135m-instruct-hf'}"
+[agent]
+# The gate's answers stop at the reply limit: 84 of them (its open-chat prompts,
+# before and after) at 128 tokens were most of this test's time; the path is under test.
+max_reply_tokens = 24
 [server]
 port = {free_port}
 [night]

@@ -63,6 +63,10 @@ async def test_a_tiny_qwen3_goes_through_setup_serving_and_a_night(tmp_path, fre
 data_dir = "data"
 [model]
 hf_dir = "{hf}"
+[agent]
+# The gate's answers stop at the reply limit: 84 of them (its open-chat prompts,
+# before and after) at 128 tokens were most of this test's time; the path is under test.
+max_reply_tokens = 24
 [server]
 port = {free_port}
 [night]
