@@ -111,9 +111,11 @@ class HTTPClient:
         """Close the connections idle too long, of every server (a swap's old port too)."""
         self._swept = now
         for key, conns in list(self._idle.items()):
-            fresh = [(conn, since) for conn, since in conns if now - since < IDLE_S]
+            fresh = []
             for conn, since in conns:
-                if now - since >= IDLE_S:
+                if now - since < IDLE_S:
+                    fresh.append((conn, since))
+                else:
                     conn[1].close()
             if fresh:
                 self._idle[key] = fresh

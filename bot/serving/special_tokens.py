@@ -47,9 +47,14 @@ SPECIAL_TEXT = re.compile(
 )
 
 
+def _plain(text: str) -> bool:
+    """No special-token string can be in ``text``: each begins with < or [."""
+    return "<" not in text and "[" not in text
+
+
 def neutralise(text: str) -> str:
     """``text`` with every special-token string broken by a zero-width space."""
-    if "<" not in text and "[" not in text:  # the common case: nothing to look at
+    if _plain(text):  # the common case: nothing to look at
         return text
     return SPECIAL_TEXT.sub(lambda m: m.group()[0] + ZERO_WIDTH_SPACE + m.group()[1:], text)
 
@@ -70,8 +75,8 @@ def neutralise_message(message: dict) -> dict:
     copy, or the message itself when it is plain text with nothing to neutralise (every
     history message of every request; the callers never change what they get)."""
     content = message.get("content")
-    if (type(content) is str and "<" not in content and "[" not in content
-            and "name" not in message and not message.get("tool_calls")):
+    if (type(content) is str and _plain(content) and "name" not in message
+            and not message.get("tool_calls")):
         return message
     out = dict(message)
     if "content" in out:

@@ -138,8 +138,9 @@ class GroupCommit:
         and its release are two statements more for each, about a third of a turn's
         SQLite time in bench/agent.py). Only if one raises is the whole batch undone,
         what memory kept from it dropped (``on_rollback``), and the batch run again
-        with a savepoint around each, so that the failing one alone is undone. Operations are plain functions of the connection, so running one
-        again after a rollback is running it for the first time."""
+        with a savepoint around each, so that the failing one alone is undone.
+        Operations are plain functions of the connection, so running one again after
+        a rollback is running it for the first time."""
         self.batches += 1
         self.operations += len(ops)
         try:

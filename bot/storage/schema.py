@@ -146,18 +146,16 @@ def insert_step(db: sqlite3.Connection, values: tuple) -> StoredStep | None:
     The stored step is made from the values sent, not read back with ``RETURNING *``:
     only what SQLite computed (id, episode, channel, seq, the model) comes back, which
     halves the insert's cost on every step of every turn (bench/agent.py). Its JSON
-    fields are decoded from the text stored, by the decoder a read uses (orjson reads an
-    integer over 64 bits as a float), so it shares no dict with the caller's ``Step``
-    and equals the step read back."""
+    fields are decoded from the text stored, as a read decodes them (``stored_step``), so
+    it shares no dict with the caller's ``Step`` and equals the step read back."""
     row = db.execute(INSERT_STEP, values).fetchone()
     if row is None:
         return None
-    step = object.__new__(StoredStep)
-    step.__dict__.update(zip(STEP_FIELDS, values))
-    step.__dict__.update(id=row[0], episode_id=row[1], channel_id=row[2], seq=row[3],
-                         model_version=row[4], created_at=values[-2],
-                         tool_calls=loads(values[2]), meta=loads(values[10]))
-    return step
+    return stored_step({**dict(zip(_VALUE_FIELDS, values)), **dict(zip(_RETURNED, row))})
+
+
+_VALUE_FIELDS = (*STEP_FIELDS, "created_at", "episode_id")  # step_values' order
+_RETURNED = ("id", "episode_id", "channel_id", "seq", "model_version")  # INSERT_STEP's
 
 
 def check_step(step: Step) -> None:
