@@ -264,3 +264,20 @@ def test_a_demonstration_is_listed_for_imitation_and_left_out_of_oapl_and_the_ce
     assert table[0]["advantage"] == pytest.approx(0.8)  # the report still shows it
     assert tried_row["imitate"] == []
     assert centre([demo_row, tried_row], []) == pytest.approx(-0.2)  # the attempt alone
+
+
+async def test_the_judge_reads_at_most_judge_checked_max_checked_channels(store, tmp_path, embedder):
+    for k in range(5):
+        episode, _, _ = await tool_episode(store, f"practice-{k}")
+        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+                              {"reward": 1.0, "check": "exact", "group": "g"})
+    await tool_episode(store, "chat")  # no check: always read, outside the cap
+    server = await serve(always(1))
+    try:
+        result, _ = await run(config_for(tmp_path, judge_checked_fraction=1.0,
+                                         judge_checked_max=2), store, server, embedder)
+    finally:
+        await server.stop()
+    assert len(server.of(REPORT)) == 3  # two of the five checked channels, and "chat"
+    assert result.counts["channels_checked_unjudged"] == 3
+    assert result.agreement["verifier"]["n"] == 2

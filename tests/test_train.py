@@ -120,7 +120,8 @@ def test_pi_lag_is_the_adapter_disabled_model_which_is_the_base(base_dir):
         with torch.no_grad():
             ref = base(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
             adapted = policy(ids)[0, 1:]
-        assert torch.allclose(e.lag[1:], ref, atol=1e-5)
+        read = T.needed(T.collate([e], tokenizer.pad_token_id))[0, 1:]  # what a loss reads
+        assert read.any() and torch.allclose(e.lag[1:][read], ref[read], atol=1e-5)
         assert not torch.allclose(adapted, ref, atol=1e-3)
 
 
@@ -368,6 +369,53 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_logprobs_and_grad
     assert torch.allclose(full, shared, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(full_grads, shared_grads))
     assert shared[:, 0].eq(0).all()
+
+
+def test_the_head_applied_only_where_a_loss_reads_gives_the_same_logprobs_and_gradients(base_dir):
+    model = T.load_model(base_dir, T.Settings(gradient_checkpointing=False))
+    _lora_nonzero(model)
+    policy = T.Policy(model, chunk=5)
+    torch.manual_seed(4)
+    prefix = torch.randint(0, 1000, (1, 20))
+    ids = torch.cat([prefix.expand(3, 20), torch.randint(0, 1000, (3, 10))], dim=1)  # (3, 30)
+    need = torch.rand(3, 30) < 0.3
+    need[0, 5] = True  # one prefix position read by one row only: every row gets its value
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    weights = torch.randn(3, 30) * need
+    full = policy(ids)
+    full_grads = torch.autograd.grad((full * weights).sum(), trainable)
+    for shared in (0, 20):
+        picked = policy(ids, shared=shared, need=need)
+        grads = torch.autograd.grad((picked * weights).sum(), trainable)
+        read = need.clone()
+        read[:, 0] = False
+        assert torch.allclose(picked[read], full[read], atol=1e-5)
+        outside = ~read
+        if shared:  # a prefix position any row reads is computed for all
+            outside[:, :20] &= ~read[:, :20].any(dim=0)
+        assert picked[outside].eq(0).all()
+        assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(full_grads, grads))
+
+
+def test_the_losses_read_no_position_the_head_skipped(base_dir, monkeypatch):
+    """The losses on log-probs computed only where ``needed`` says equal the losses on every
+    position's log-prob: no loss reads a skipped one (a system prompt, padding)."""
+    settings = T.Settings(max_tokens=512, gradient_checkpointing=False)
+    model = T.load_model(base_dir, settings)
+    _lora_nonzero(model)
+    policy = T.Policy(model, chunk=16)
+    examples = T.build_examples(_rows(), _tokenizer(base_dir), settings)
+    for e in examples:
+        e.lag = torch.randn(len(e.ids)) * 0.1 - 3.0
+    for e in examples[:1]:
+        e.demo[-3:] = True  # a demonstration too
+    need = T.needed(T.collate(examples, 0))
+    assert 0 < int(need.sum()) < need.numel()  # something is skipped
+    picked = T.micro_losses(policy, examples, settings, 0, torch.device("cpu"))
+    monkeypatch.setattr(T, "needed", lambda batch: torch.ones_like(batch["ids"], dtype=torch.bool))
+    every = T.micro_losses(policy, examples, settings, 0, torch.device("cpu"))
+    for a, b in zip(picked[:3], every[:3]):
+        assert float(a.detach()) != 0.0 and torch.allclose(a, b, atol=1e-6)
 
 
 def test_micro_batches_group_rows_by_their_shared_prefix_within_the_token_budget():

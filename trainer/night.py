@@ -123,16 +123,20 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
 
 def _to_judge(collection: Collection, days: dict, settings) -> dict:
     """The channel days the judge reads: every one with an episode no check rewarded,
-    and a sample (``judge_checked_fraction``) of the rest, for its agreement figure."""
+    and a sample of the rest, for its agreement figure: ``judge_checked_fraction`` of
+    them, at most ``judge_checked_max`` (an agreement's precision is set by how many it
+    reads, not by the share; a day of 1,000 practice attempts would else cost an hour)."""
     labelled = {e.id for e in collection.episodes if person_reward(e.labels) is not None}
     checked = {e for e, v in collection.verified.items()
                if v.reward is not None and e not in labelled}
-    out = {}
+    out, sample = {}, []
     for channel, day in days.items():
-        episodes = {m.episode_id for m in day}
-        if not episodes <= checked or sampled(_channel_key(channel), settings.judge_checked_fraction,
-                                              settings.seed):
+        if not {m.episode_id for m in day} <= checked:
             out[channel] = day
+        elif sampled(_channel_key(channel), settings.judge_checked_fraction, settings.seed):
+            sample.append(channel)
+    for channel in sorted(sample, key=_channel_key)[:settings.judge_checked_max]:
+        out[channel] = days[channel]
     return out
 
 

@@ -57,23 +57,31 @@ class Policy(nn.Module):
         self.model, self.chunk = model, chunk
         self.shares = sharing(model)  # whether a shared prompt can be computed once
 
-    def forward(self, ids: torch.Tensor, shared: int = 0) -> torch.Tensor:  # (B, T) -> (B, T)
+    def forward(self, ids: torch.Tensor, shared: int = 0,
+                need: torch.Tensor | None = None) -> torch.Tensor:  # (B, T) -> (B, T)
         """Each token's log-prob given the ones before it (0 for the first token).
 
         ``shared``: the rows' first ``shared`` tokens are the same (a prompt prefix). They
         are computed once, on one row, and their keys and values serve every row: the same
         log-probs and gradients as the full batch (the gradient of the expanded prefix sums
-        over the rows), for a fraction of the compute when the prefix is most of a row."""
+        over the rows), for a fraction of the compute when the prefix is most of a row.
+
+        ``need``: (B, T) bool, the positions whose log-prob a loss reads; the others are 0.
+        The head (vocabulary-sized) is then applied to those positions alone: a night's rows
+        are mostly prompt, which no loss reads, and the head is a third of the model's
+        compute per position (576 x 49,152 of SmolLM2's ~135M)."""
         core = self.model.get_base_model()
         if core.lm_head.weight.requires_grad or core.lm_head.bias is not None:
             raise ValueError("the chunked log-prob needs a frozen lm_head without bias")
         b, t = ids.shape
-        weight = core.lm_head.weight
+        if need is None:
+            need = torch.ones_like(ids, dtype=torch.bool)
+        need = need.clone()
+        need[:, 0] = False  # the first token has no context to be predicted from
         if shared < 1 or b < 2 or not self.shares:
             hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
-            flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (B*(T-1), D): t predicts t+1
-            logp = TargetLogProb.apply(flat, weight, ids[:, 1:].reshape(-1), self.chunk)
-            return F.pad(logp.view(b, t - 1), (1, 0))  # (B, T)
+            # Position t-1's hidden state predicts token t.
+            return self._gather(hidden[:, :-1], ids[:, 1:], need[:, 1:], pad=1)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=core.config)
@@ -85,15 +93,23 @@ class Policy(nn.Module):
         cache.batch_repeat_interleave(b)
         tail = core.model(input_ids=ids[:, shared:], cache=cache,
                           use_cache=True).last_hidden_state  # (B, T-S, D)
-        d = head.shape[-1]
-        head_logp = TargetLogProb.apply(head[0, :-1], weight, ids[0, 1:shared],
-                                        self.chunk)  # (S-1,): the same for every row
+        # The prefix's log-probs are the same for every row: computed once, where any row
+        # needs them.
+        head_logp = self._gather(head[:, :-1], ids[:1, 1:shared],
+                                 need[:, 1:shared].any(dim=0, keepdim=True), pad=1)  # (1, S)
         # Position S-1 (the prefix's last) predicts each row's first own token.
-        tail_in = torch.cat([head[:, -1:].expand(b, 1, d), tail[:, :-1]], dim=1)  # (B, T-S, D)
-        tail_logp = TargetLogProb.apply(tail_in.reshape(-1, d), weight,
-                                        ids[:, shared:].reshape(-1), self.chunk)
-        return torch.cat([ids.new_zeros(b, 1, dtype=tail_logp.dtype),
-                          head_logp[None].expand(b, -1), tail_logp.view(b, t - shared)], dim=1)
+        tail_in = torch.cat([head[:, -1:].expand(b, 1, head.shape[-1]), tail[:, :-1]], dim=1)
+        tail_logp = self._gather(tail_in, ids[:, shared:], need[:, shared:], pad=0)  # (B, T-S)
+        return torch.cat([head_logp.expand(b, -1), tail_logp], dim=1)
+
+    def _gather(self, hidden: torch.Tensor, targets: torch.Tensor, need: torch.Tensor,
+                pad: int) -> torch.Tensor:
+        """(R, L, D) hidden states, (R, L) targets and need -> (R, pad + L) log-probs,
+        ``pad`` zeros first, 0 where not needed."""
+        weight = self.model.get_base_model().lm_head.weight
+        picked = TargetLogProb.apply(hidden[need], weight, targets[need], self.chunk)  # (N,)
+        out = picked.new_zeros(need.shape).masked_scatter(need, picked)  # (R, L)
+        return F.pad(out, (pad, 0))
 
 
 def sharing(model: Any) -> bool:

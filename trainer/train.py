@@ -199,6 +199,12 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     return out  # ids/msg/tok_adv/obs/demo/lag: (B, T); adv: (M,)
 
 
+def needed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) bool: the positions a loss reads (judged actions, overridden tokens,
+    observations, demonstrations); ``Policy`` skips the head everywhere else."""
+    return (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"]) | batch["obs"] | batch["demo"]
+
+
 # -- model --------------------------------------------------------------------------
 
 
@@ -277,7 +283,8 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     with served:
         for micro in _micro_batches(missing, settings, shares):
             batch = collate(micro, pad_id)
-            logp = policy(batch["ids"].to(device), shared_prefix(micro)).float().cpu()  # (B, T)
+            logp = policy(batch["ids"].to(device), shared_prefix(micro),
+                          needed(batch).to(device)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
                 e.lag = logp[row, :len(e.ids)]
 
@@ -285,7 +292,7 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
 def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pad_id: int,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
     batch = {k: v.to(device) for k, v in collate(micro, pad_id).items()}
-    logp = policy(batch["ids"], shared_prefix(micro))  # (B, T)
+    logp = policy(batch["ids"], shared_prefix(micro), needed(batch))  # (B, T)
     oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)

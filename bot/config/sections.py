@@ -107,7 +107,9 @@ class ServerConfig(_Section):
     )
     _unset = field_validator("binary", mode="before")(_empty_is_none)
 
-    threads: int = Field(0, ge=0, description="0 for llama.cpp's default, or a positive count")
+    threads: int = Field(
+        0, ge=0, description="generation threads; 0 = one per physical core, or a positive count"
+    )
     prompt_cache_mb: int = Field(
         1024, ge=0, description="MiB of RAM for saved prompt states (llama-cpp-python); 0 = off"
     )
@@ -281,6 +283,9 @@ class NightConfig(_Section):
     judge_checked_fraction: float = Field(
         0.1, ge=0, le=1, description="share of channels whose episodes all have a check's reward "
                                      "that the judge still reads, for its agreement (0..1)"
+    )
+    judge_checked_max: int = Field(
+        12, ge=0, description="the most such channels the judge reads in a night (>= 0)"
     )
     turn_penalty: float = Field(
         0.02, ge=0, description="advantage taken per extra assistant message in a turn (>= 0)"
