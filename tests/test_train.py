@@ -120,7 +120,7 @@ def test_pi_lag_is_the_adapter_disabled_model_which_is_the_base(base_dir):
         with torch.no_grad():
             ref = base(input_ids=ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
             adapted = policy(ids)[0, 1:]
-        read = T.needed(T.collate([e], tokenizer.pad_token_id))[0, 1:]  # what a loss reads
+        read = ((e.msg >= 0) | ~torch.isnan(e.tok_adv))[1:]  # what OAPL reads of pi_lag
         assert read.any() and torch.allclose(e.lag[1:][read], ref[read], atol=1e-5)
         assert not torch.allclose(adapted, ref, atol=1e-3)
 
@@ -395,6 +395,22 @@ def test_the_head_applied_only_where_a_loss_reads_gives_the_same_logprobs_and_gr
             outside[:, :20] &= ~read[:, :20].any(dim=0)
         assert picked[outside].eq(0).all()
         assert all(torch.allclose(a, b, atol=1e-5, rtol=1e-4) for a, b in zip(full_grads, grads))
+
+
+def test_pi_lag_is_not_computed_for_a_sequence_without_an_oapl_term(base_dir):
+    settings = T.Settings(max_tokens=512, gradient_checkpointing=False)
+    model = T.load_model(base_dir, settings)
+    examples = T.build_examples(_rows(), _tokenizer(base_dir), settings)
+    observed = T.Example(examples[0].ids, torch.full_like(examples[0].ids, -1), torch.zeros(0),
+                         torch.full((len(examples[0].ids),), float("nan")),
+                         torch.ones(len(examples[0].ids), dtype=torch.bool), 0)
+    calls = []
+    policy = T.Policy(model, chunk=16)
+    counted = lambda ids, *args: calls.append(ids.shape[0]) or policy(ids, *args)  # noqa: E731
+    T.fill_lag(model, counted, [observed], settings, 0, torch.device("cpu"))
+    assert calls == [] and observed.lag.eq(0).all()
+    T.fill_lag(model, counted, [*examples, observed], settings, 0, torch.device("cpu"))
+    assert sum(calls) == len(examples)  # the observed sequence was not computed again
 
 
 def test_the_losses_read_no_position_the_head_skipped(base_dir, monkeypatch):

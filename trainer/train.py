@@ -274,8 +274,16 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
              pad_id: int, device: torch.device, shares: bool | None = None) -> None:
     """pi_lag's log-probs for the examples that lack them: the adapter disabled (a fresh
     LoRA's base), or as it is (a continued adapter, before any update). ``shares``: whether
-    a shared prompt is computed once (``trainer.policy.sharing``; asked when not given)."""
+    a shared prompt is computed once (``trainer.policy.sharing``; asked when not given).
+
+    Only OAPL reads pi_lag, and only at its actions: a sequence with no OAPL term (only
+    observations or a demonstration, a seventh of a practice night's tokens) gets zeros
+    without a pass, and the head is applied at action positions alone."""
     missing = [e for e in examples if e.lag is None]
+    for e in missing:
+        if not e.terms:
+            e.lag = torch.zeros(len(e.ids))
+    missing = [e for e in missing if e.lag is None]
     if not missing:
         return
     shares = sharing(model) if shares is None else shares
@@ -283,8 +291,9 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     with served:
         for micro in _micro_batches(missing, settings, shares):
             batch = collate(micro, pad_id)
+            actions = (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"])  # what OAPL reads
             logp = policy(batch["ids"].to(device), shared_prefix(micro),
-                          needed(batch).to(device)).float().cpu()  # (B, T)
+                          actions.to(device)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
                 e.lag = logp[row, :len(e.ids)]
 
