@@ -27,15 +27,13 @@ from bot.config.sections import (  # noqa: F401 - re-exported: callers import th
     ConfigError,
     DiscordConfig,
     ModelConfig,
-    NightConfig,
     PathsConfig,
-    PracticeConfig,
     SandboxConfig,
     ServerConfig,
-    TrainConfig,
     WatchdogConfig,
     _Section,
 )
+from bot.config.learning import NightConfig, PracticeConfig, TrainConfig  # noqa: F401
 from bot.config.routines import NotesHygieneConfig, SelfplayConfig, SleepConfig, SwarmsConfig
 
 class Config(_Section):
