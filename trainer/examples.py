@@ -1,0 +1,92 @@
+"""A night's rows as training sequences: token ids with, per token, what it is to the
+losses (a judged action's message slot, an override, an observation, a demonstration),
+and the padded micro-batch tensors ``trainer.train`` computes on."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.tokens import ACTION, OBSERVATION, render_row
+
+if TYPE_CHECKING:
+    from trainer.train import Settings
+
+
+@dataclass
+class Example:
+    ids: torch.Tensor  # (T,) long
+    msg: torch.Tensor  # (T,) long: slot in adv of a judged action token, else -1
+    adv: torch.Tensor  # (m,) the judged messages' advantages
+    tok_adv: torch.Tensor  # (T,) override advantages, NaN elsewhere
+    obs: torch.Tensor  # (T,) bool: observation tokens
+    terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
+    lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
+    demo: torch.Tensor | None = None  # (T,) bool: demonstration tokens (imitated)
+
+    def __post_init__(self) -> None:
+        if self.demo is None:
+            self.demo = torch.zeros(len(self.ids), dtype=torch.bool)
+
+
+def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list[Example]:
+    """The train split's rows as sequences with something to learn."""
+    examples = []
+    for row in rows:
+        if row.get("split", "train") != "train":
+            continue
+        for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens,
+                              chat_format=settings.chat_format):
+            example = _example(seq)
+            if example.terms or bool(example.obs.any()) or bool(example.demo.any()):
+                examples.append(example)
+    return examples
+
+
+def _example(seq: Any) -> Example:
+    slots = {m: s for s, m in enumerate(sorted(seq.advantages))}
+    kinds = torch.tensor(seq.kinds)
+    msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1
+                        for k, m in zip(seq.kinds, seq.messages)])
+    demo = torch.tensor([k == ACTION and m in seq.imitated
+                         for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
+    tok_adv = torch.full((len(seq.ids),), math.nan)
+    for position, advantage in seq.token_advantages.items():
+        tok_adv[position] = advantage
+    in_message = msg.masked_fill(~torch.isnan(tok_adv), -1)
+    terms = len(set(in_message[in_message >= 0].tolist())) + len(seq.token_advantages)
+    return Example(torch.tensor(seq.ids), msg,
+                   torch.tensor([seq.advantages[m] for m in sorted(seq.advantages)]),
+                   tok_adv, kinds == OBSERVATION, terms, demo=demo)
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors; message slots made unique across the micro-batch."""
+    length = max(len(e.ids) for e in examples)
+    b = len(examples)
+    out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
+           "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
+           "demo": torch.zeros(b, length, dtype=torch.bool),
+           "lag": torch.zeros(b, length)}
+    offset = 0
+    for row, e in enumerate(examples):
+        t = len(e.ids)
+        out["ids"][row, :t] = e.ids
+        out["msg"][row, :t] = torch.where(e.msg >= 0, e.msg + offset, e.msg)
+        out["tok_adv"][row, :t] = e.tok_adv
+        out["obs"][row, :t] = e.obs
+        out["demo"][row, :t] = e.demo
+        if e.lag is not None:
+            out["lag"][row, :t] = e.lag
+        offset += len(e.adv)
+    out["adv"] = torch.cat([e.adv for e in examples]) if offset else torch.zeros(0)
+    return out  # ids/msg/tok_adv/obs/demo/lag: (B, T); adv: (M,)
+
+
+def needed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) bool: the positions a loss reads (judged actions, overridden tokens,
+    observations, demonstrations); ``Policy`` skips the head everywhere else."""
+    return (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"]) | batch["obs"] | batch["demo"]
