@@ -36,7 +36,7 @@ Import rules (``tests/test_layout.py`` checks them):
   ``python -m trainer`` as a process and reads the job from the store;
 - ``trainer`` imports only ``bot.config``, ``bot.storage.store``,
   ``bot.storage.embedder``, ``bot.serving.wire``,
-  ``bot.serving.chat_format``, ``bot.serving.shim`` and ``bot.serving.cores``
+  ``bot.serving.chat_format``, and ``bot.serving.shim``
   (the gate generates as the server does), ``bot.practice.sets`` and
   ``bot.practice.checks`` (the gate's held-out items, their checks run in the
   sandbox), all free of discord and torch;

@@ -11,7 +11,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
                       "bot.serving.wire", "bot.serving.chat_format",
                       "bot.serving.shim",  # the gate generates with the server's handler patches
-                      "bot.serving.cores",  # ... and with its thread count
                       "bot.practice.sets",  # standard library only: the gate's held-out items
                       "bot.practice.checks"}  # sets and the sandbox: the gate's python checks
 # Imports inside functions that load a heavy or optional dependency when used.

@@ -20,7 +20,6 @@ from aiohttp import web
 
 from bot.config import Config
 from bot.serving.client import LLM
-from bot.serving.cores import physical_cores
 from bot.serving.supervisor import (
     ServerNotReady,
     ServerStartError,
@@ -81,36 +80,11 @@ def test_llama_cpp_python_command_without_a_prompt_cache_when_its_size_is_zero(t
     assert "--cache" not in argv and "--cache_size" not in argv
 
 
-def test_llama_cpp_python_command_decodes_on_every_physical_core_by_default(tmp_path):
+def test_llama_cpp_python_command_leaves_threads_to_llama_cpp_by_default(tmp_path):
     argv = server_kind("llama-cpp-python").command(
         make_config(tmp_path, 9001), Path("/m.gguf"), "127.0.0.1", 9001
     )
-    assert argv[argv.index("--n_threads") + 1] == str(physical_cores())
-
-
-def _topology(root: Path, cpus: dict[int, tuple[int, int]]) -> Path:
-    for cpu, (package, core) in cpus.items():
-        topology = root / f"cpu{cpu}" / "topology"
-        topology.mkdir(parents=True)
-        (topology / "physical_package_id").write_text(f"{package}\n")
-        (topology / "core_id").write_text(f"{core}\n")
-    return root
-
-
-def test_physical_cores_counts_hyperthread_siblings_once(tmp_path):
-    # 2 packages x 2 cores x 2 siblings; the process may use CPUs 0-5.
-    layout = {cpu: (cpu // 4, (cpu // 2) % 2) for cpu in range(8)}
-    sysfs = _topology(tmp_path, layout)
-    assert physical_cores(set(range(8)), sysfs) == 4
-    assert physical_cores({0, 1}, sysfs) == 1  # two siblings of one core
-    assert physical_cores({0, 2, 4}, sysfs) == 3
-    assert physical_cores({0, 1, 9}, sysfs) == 2  # cpu9 has no topology: its own core
-
-
-def test_physical_cores_without_siblings_is_the_cpu_count(tmp_path):
-    sysfs = _topology(tmp_path, {0: (0, 0), 1: (0, 1)})
-    assert physical_cores({0, 1}, sysfs) == 2
-    assert physical_cores(set(), sysfs) == 1
+    assert "--n_threads" not in argv
 
 
 def test_llama_server_command_uses_the_binary_alias_and_jinja_template(tmp_path):

@@ -38,7 +38,6 @@ from typing import Awaitable, Callable
 
 from bot.config import Config
 from bot.serving.chat_format import resolve_async
-from bot.serving.cores import generation_threads
 from bot.serving.shim import patch_handlers
 from bot.storage.store import Store
 from trainer.client import JsonClient
@@ -181,17 +180,14 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
 
 
 def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
-             max_tokens: int, n_ctx: int, lora: Path | None = None, threads: int = 0
-             ) -> list[str]:
+             max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[str]:
     """Greedy answers of one model, loaded for this call only, asked as the agent asks,
-    with the served handler's patches (templates unescaped, calls bounded), decoding with
-    the server's thread count (``threads``: ``server.threads``, 0 = one per core)."""
+    with the served handler's patches (templates unescaped, calls bounded)."""
     from llama_cpp import Llama
 
     patch_handlers()
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
-                chat_format=chat_format, verbose=False, seed=0,
-                n_threads=generation_threads(threads))
+                chat_format=chat_format, verbose=False, seed=0)
     try:
         return ask_like_agent(llm, [view.render(r) for r in requests], view.tools, chat_format,
                               max_tokens)
@@ -234,9 +230,9 @@ async def score_side(client: JsonClient, items: list[Item], answers: list[str],
 
 async def measure(client: JsonClient, gguf: Path, lora: Path | None, items: list[Item],
                   view: AgentView, chat_format: str, max_tokens: int, n_ctx: int,
-                  scorer: Scorer = score_check, threads: int = 0) -> Side:
+                  scorer: Scorer = score_check) -> Side:
     answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
-                                      view, chat_format, max_tokens, n_ctx, lora, threads)
+                                      view, chat_format, max_tokens, n_ctx, lora)
     return await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
 
 
@@ -268,11 +264,10 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     max_tokens = min(config.agent.max_reply_tokens, GATE_MAX_TOKENS)
     client = JsonClient.for_config(config)
     try:
-        shape = (view, chat_format, max_tokens, n_ctx, scorer, config.server.threads)
-        old = await measure(client, *before, items, *shape)
+        old = await measure(client, *before, items, view, chat_format, max_tokens, n_ctx, scorer)
         if check is not None:
             await check()
-        new = await measure(client, *after, items, *shape)
+        new = await measure(client, *after, items, view, chat_format, max_tokens, n_ctx, scorer)
     finally:
         await client.close()
     report = decide(old, new, settings_of(config))

@@ -107,9 +107,7 @@ class ServerConfig(_Section):
     )
     _unset = field_validator("binary", mode="before")(_empty_is_none)
 
-    threads: int = Field(
-        0, ge=0, description="generation threads; 0 = one per physical core, or a positive count"
-    )
+    threads: int = Field(0, ge=0, description="0 for llama.cpp's default, or a positive count")
     prompt_cache_mb: int = Field(
         1024, ge=0, description="MiB of RAM for saved prompt states (llama-cpp-python); 0 = off"
     )

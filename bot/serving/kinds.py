@@ -18,7 +18,6 @@ from typing import Protocol
 
 from bot.config import Config
 from bot.serving.chat_format import chat_format_name
-from bot.serving.cores import generation_threads
 
 
 class ServerStartError(RuntimeError):
@@ -68,9 +67,8 @@ class LlamaCppPython:
             # 3,300-token prompt and copied on every cache save; nothing here reads them.
             "--logits_all", "false",
         ]  # fmt: skip
-        # One generation thread per physical core (bot.serving.cores): the server's own
-        # default, half the CPUs, halves decoding on a machine without SMT siblings.
-        argv += ["--n_threads", str(generation_threads(config.server.threads))]
+        if config.server.threads > 0:
+            argv += ["--n_threads", str(config.server.threads)]
         if config.server.prompt_cache_mb > 0:  # bot.serving.prompt_cache; bench/latency.py
             argv += ["--cache", "true", "--cache_type", "ram",
                      "--cache_size", str(config.server.prompt_cache_mb * 2**20)]
