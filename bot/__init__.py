@@ -36,10 +36,10 @@ Import rules (``tests/test_layout.py`` checks them):
   ``python -m trainer`` as a process and reads the job from the store;
 - ``trainer`` imports only ``bot.config``, ``bot.storage.store``,
   ``bot.storage.embedder``, ``bot.serving.wire``,
-  ``bot.serving.chat_format``, and ``bot.serving.shim``
-  (the gate generates as the server does), ``bot.practice.sets`` and
-  ``bot.practice.checks`` (the gate's held-out items, their checks run in the
-  sandbox), all free of discord and torch;
+  ``bot.serving.chat_format``, ``bot.serving.shim`` (the gate generates as the
+  server does), ``bot.practice.sets`` and ``bot.practice.checks`` (the gate's
+  held-out items, their checks run in the sandbox), all free of discord and
+  torch;
 - ``bot.storage``, ``bot.serving`` and ``bot.night`` never import the
   runtime, the front ends or each other's callers; nothing imports inside a
   function to dodge a cycle (imports inside functions are only for heavy or

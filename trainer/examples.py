@@ -86,7 +86,13 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     return out  # ids/msg/tok_adv/obs/demo/lag: (B, T); adv: (M,)
 
 
+def oapl_reads(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) bool: the positions OAPL reads (judged actions and overridden tokens), the
+    only ones where pi_lag is needed."""
+    return (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"])
+
+
 def needed(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B, T) bool: the positions a loss reads (judged actions, overridden tokens,
-    observations, demonstrations); ``Policy`` skips the head everywhere else."""
-    return (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"]) | batch["obs"] | batch["demo"]
+    """(B, T) bool: the positions a loss reads (OAPL's, observations, demonstrations);
+    ``Policy`` skips the head everywhere else."""
+    return oapl_reads(batch) | batch["obs"] | batch["demo"]

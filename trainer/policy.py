@@ -68,7 +68,7 @@ class Policy(nn.Module):
 
         ``need``: (B, T) bool, the positions whose log-prob a loss reads; the others are 0.
         The head (vocabulary-sized) is then applied to those positions alone: a night's rows
-        are mostly prompt, which no loss reads, and the head is a third of the model's
+        are mostly prompt, which no loss reads, and the head is about a fifth of the model's
         compute per position (576 x 49,152 of SmolLM2's ~135M)."""
         core = self.model.get_base_model()
         if core.lm_head.weight.requires_grad or core.lm_head.bias is not None:

@@ -76,7 +76,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.examples import Example, build_examples, collate, needed  # noqa: F401 - re-exported
+from trainer.examples import (  # noqa: F401 - re-exported
+    Example,
+    build_examples,
+    collate,
+    needed,
+    oapl_reads,
+)
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import FUNCTION_CALLING
@@ -200,11 +206,10 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     Only OAPL reads pi_lag, and only at its actions: a sequence with no OAPL term (only
     observations or a demonstration, a seventh of a practice night's tokens) gets zeros
     without a pass, and the head is applied at action positions alone."""
-    missing = [e for e in examples if e.lag is None]
-    for e in missing:
-        if not e.terms:
+    for e in examples:
+        if e.lag is None and not e.terms:
             e.lag = torch.zeros(len(e.ids))
-    missing = [e for e in missing if e.lag is None]
+    missing = [e for e in examples if e.lag is None]
     if not missing:
         return
     shares = sharing(model) if shares is None else shares
@@ -212,9 +217,8 @@ def fill_lag(model: Any, policy: nn.Module, examples: list[Example], settings: S
     with served:
         for micro in _micro_batches(missing, settings, shares):
             batch = collate(micro, pad_id)
-            actions = (batch["msg"] >= 0) | ~torch.isnan(batch["tok_adv"])  # what OAPL reads
             logp = policy(batch["ids"].to(device), shared_prefix(micro),
-                          actions.to(device)).float().cpu()  # (B, T)
+                          oapl_reads(batch).to(device)).float().cpu()  # (B, T)
             for row, e in enumerate(micro):
                 e.lag = logp[row, :len(e.ids)]
 
