@@ -29,11 +29,49 @@ def _setup(config, args) -> int:
     return 0
 
 
-def _sleep(config, args) -> int:
+async def _answers(config) -> bool:
+    """Whether something listens where the night will ask the live model to judge."""
+    if config.server.kind == "external":
+        return True  # not ours to start: an unreachable endpoint fails the night, resumable
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(config.server.host, config.server.port), 3)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+async def _night_with_server(config, job: int | None, since: float | None) -> int:
+    """Run the night; when no bot serves the model (a night resumed by hand after the bot
+    stopped), serve the live model here for the night's length: the judge and the gate's
+    open-chat check ask it, and a resumed night failed at the gate for want of it."""
+    from bot.night.releases import serve_live
+    from bot.serving.supervisor import ServerSupervisor
     from bot.storage.store import Store
     from trainer.sleep import run_night
 
-    job_id = asyncio.run(run_night(config, args.job, _since(args.since)))
+    if await _answers(config):
+        return await run_night(config, job, since)
+    supervisor = ServerSupervisor(config)
+    store = await Store.open(config.store_path)
+    try:
+        serving = await serve_live(store, supervisor)
+    finally:
+        await store.close()
+    print(f"no model server answers at {config.base_url}: serving "
+          f"{serving or 'the base model'} here for this night", file=sys.stderr, flush=True)
+    await supervisor.start()
+    try:
+        return await run_night(config, job, since)
+    finally:
+        await supervisor.stop()
+
+
+def _sleep(config, args) -> int:
+    from bot.storage.store import Store
+
+    job_id = asyncio.run(_night_with_server(config, args.job, _since(args.since)))
 
     async def report() -> dict:
         store = await Store.open(config.store_path)
