@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bot.config import Config
 from trainer.__main__ import _answers
 
@@ -43,3 +45,34 @@ def test_answers_sees_a_listener_and_its_absence():
 def test_an_external_endpoint_is_never_started_here(free_port):
     # Not ours to start: an unreachable external endpoint fails the night, resumable.
     assert asyncio.run(_answers(_config(free_port, kind="external"))) is True
+
+
+def test_a_night_the_bot_starts_never_serves_its_own(tmp_path, monkeypatch):
+    # The bot's server may be restarting (the watchdog) or paused (night.single_gpu) just
+    # as the night starts: a second server on its port would then take the port from it.
+    import subprocess
+
+    import trainer.__main__ as cli
+    from bot.night import jobs
+
+    launched: list[list[str]] = []
+    popen = subprocess.Popen  # jobs.subprocess is this module: keep the real one
+    monkeypatch.setattr(jobs.subprocess, "Popen",
+                        lambda argv, **kwargs: launched.append(argv) or popen(["true"]))
+    config = Config()
+    config.paths.data_dir = tmp_path
+    jobs.start_trainer(config, 7).wait()
+    told: list[tuple] = []
+
+    class Told(Exception):
+        pass
+
+    async def night(config, job, since, bot_serves=False):
+        told.append((job, bot_serves))
+        raise Told  # the night itself is not this test's: only what the CLI was told
+
+    monkeypatch.setattr(cli, "_night_with_server", night)
+    argv = launched[0][launched[0].index("trainer") + 1:]
+    with pytest.raises(Told):
+        cli.main(argv)
+    assert told == [(7, True)]

@@ -42,7 +42,8 @@ async def _answers(config) -> bool:
     return True
 
 
-async def _night_with_server(config, job: int | None, since: float | None) -> int:
+async def _night_with_server(config, job: int | None, since: float | None,
+                             bot_serves: bool = False) -> int:
     """Run the night; when no bot serves the model (a night resumed by hand after the bot
     stopped), serve the live model here for the night's length: the judge and the gate's
     open-chat check ask it, and a resumed night failed at the gate for want of it."""
@@ -51,7 +52,7 @@ async def _night_with_server(config, job: int | None, since: float | None) -> in
     from bot.storage.store import Store
     from trainer.sleep import run_night
 
-    if await _answers(config):
+    if bot_serves or await _answers(config):
         return await run_night(config, job, since)
     supervisor = ServerSupervisor(config)
     store = await Store.open(config.store_path)
@@ -71,7 +72,8 @@ async def _night_with_server(config, job: int | None, since: float | None) -> in
 def _sleep(config, args) -> int:
     from bot.storage.store import Store
 
-    job_id = asyncio.run(_night_with_server(config, args.job, _since(args.since)))
+    job_id = asyncio.run(_night_with_server(config, args.job, _since(args.since),
+                                             args.bot_serves))
 
     async def report() -> dict:
         store = await Store.open(config.store_path)
@@ -135,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     sleep = sub.add_parser("sleep", help="run (or resume) a night: judge, train, export, gate")
     sleep.add_argument("--job", type=int, help="resume this night job")
     sleep.add_argument("--since", help="collect episodes since (ISO time or unix seconds)")
+    sleep.add_argument("--bot-serves", action="store_true",
+                       help="the bot that started this night serves the model: never start "
+                       "a server here, even while the bot's server restarts (as !sleep runs it)")
     train = sub.add_parser("train", help="train a LoRA on a night's JSONL (see --help there)")
     train.add_argument("rest", nargs=argparse.REMAINDER)
     export = sub.add_parser("export", help="merge an adapter and convert it into a release")

@@ -30,7 +30,7 @@ def start_trainer(config: Config, job_id: int) -> subprocess.Popen:
     argv = [sys.executable, "-m", "trainer"]
     if config.source is not None:
         argv += ["--config", str(config.source)]
-    argv += ["sleep", "--job", str(job_id)]
+    argv += ["sleep", "--job", str(job_id), "--bot-serves"]  # never a second server on its port
     with open(logs / f"night-{job_id}.log", "ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
