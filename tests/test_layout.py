@@ -12,7 +12,10 @@ TRAINER_MAY_IMPORT = {"bot.config", "bot.storage.store", "bot.storage.embedder",
                       "bot.serving.wire", "bot.serving.chat_format",
                       "bot.serving.shim",  # the gate generates with the server's handler patches
                       "bot.practice.sets",  # standard library only: the gate's held-out items
-                      "bot.practice.checks"}  # sets and the sandbox: the gate's python checks
+                      "bot.practice.checks",  # sets and the sandbox: the gate's python checks
+                      # `python -m trainer sleep` run by hand, with no bot: it serves the live
+                      # model itself, the way the bot does (neither imports discord or torch).
+                      "bot.serving.supervisor", "bot.night.releases"}
 # Imports inside functions that load a heavy or optional dependency when used.
 # (The embedder loads its model, notes load chromadb, the front ends load discord.py.)
 LAZY_OK = {"bot.storage.embedder", "tools.notes", "bot.discord_front.app", "bot.doctor",
