@@ -30,16 +30,12 @@ def _setup(config, args) -> int:
 
 
 async def _answers(config) -> bool:
-    """Whether something listens where the night will ask the live model to judge."""
-    if config.server.kind == "external":
-        return True  # not ours to start: an unreachable endpoint fails the night, resumable
-    try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(config.server.host, config.server.port), 3)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    writer.close()
-    return True
+    """Whether something listens where the night will ask the live model to judge; an
+    external server is not ours to start (unreachable, it fails the night, resumable)."""
+    from bot.serving.supervisor import ServerSupervisor
+
+    supervisor = ServerSupervisor(config)
+    return not supervisor.kind.spawns or await supervisor.port_in_use()
 
 
 async def _night_with_server(config, job: int | None, since: float | None,

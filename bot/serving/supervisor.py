@@ -276,7 +276,9 @@ class ServerSupervisor:
         await self._kill(hard=True)  # reap a previous process that died on its own
         # A server left by a crashed earlier run of ours would hold the port.
         await asyncio.to_thread(orphans.stop_stale, self.pid_file)
-        await self._check_port_free()
+        if await self.port_in_use():  # a stranger there would answer our probes as "ready"
+            raise ServerStartError(f"port {self.port} on {self.host} is already in use. Fix: "
+                                   "stop whatever listens there or set server.port to a free port.")
         argv = self.kind.command(self.config, self.gguf, self.host, self.port, self.lora)
         await asyncio.to_thread(self._open_log, argv)
         self.generation += 1
@@ -309,17 +311,13 @@ class ServerSupervisor:
         with open(self.log_path, "a", encoding="utf-8") as log:
             log.write(f"\n--- {stamp} nightshift starts: {' '.join(argv)}\n")
 
-    async def _check_port_free(self) -> None:
-        # Otherwise a stranger already on the port would answer our probes and pass as "ready".
+    async def port_in_use(self) -> bool:
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 2)
         except (OSError, TimeoutError):
-            return
+            return False
         writer.close()
-        raise ServerStartError(
-            f"port {self.port} on {self.host} is already in use. "
-            "Fix: stop whatever listens there or set server.port to a free port."
-        )
+        return True
 
     def exit_status(self) -> str | None:
         """How the process ended, or None while it runs. Peeks without reaping (WNOWAIT),
