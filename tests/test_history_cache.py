@@ -141,3 +141,42 @@ async def test_a_step_as_stored_is_the_step_read_back(tmp_path):
         assert stored.model_version == "alias"  # taken from the episode, as SQLite set it
     finally:
         await store.close()
+
+
+def channel_name(path, channel: str) -> str | None:
+    with sqlite3.connect(path) as db:
+        row = db.execute("SELECT name FROM channels WHERE id = ?", (channel,)).fetchone()
+    return None if row is None else row[0]
+
+
+async def test_a_turn_skips_the_channel_upsert_only_while_it_would_change_nothing(store, tmp_path):
+    path = tmp_path / "store.db"
+    statements: list[str] = []
+    await store.start_turn("c1", None, [Step(role="user", content="a")], name="general")
+    commits = store._commits  # the trace is set on the commit thread, whose connection it is
+    await asyncio.get_running_loop().run_in_executor(
+        commits._executor, commits._conn.set_trace_callback, statements.append)
+    await store.start_turn("c1", None, [Step(role="user", content="b")], name="general")
+    assert not any("INSERT INTO channels" in s for s in statements)  # known: skipped
+    await store.start_turn("c1", None, [Step(role="user", content="c")], name="renamed")
+    assert any("INSERT INTO channels" in s for s in statements)  # a new name is written
+    assert channel_name(path, "c1") == "renamed"
+    # Another connection renames it back: the next turn's name is written again, as the
+    # upsert always did, because the batch saw that another connection committed.
+    await store.ensure_channel("c1", "general")
+    await store.start_turn("c1", None, [Step(role="user", content="d")], name="renamed")
+    assert channel_name(path, "c1") == "renamed"
+
+
+async def test_an_upsert_rolled_back_with_its_turn_is_not_remembered(store, tmp_path):
+    path = tmp_path / "store.db"
+    bad = Step(role="user", content="x")
+    bad.meta = {"unserialisable": object()}  # fails inside the turn's operation, after the upsert
+    with pytest.raises((TypeError, ValueError)):
+        await store.start_turn("new", None, [Step(role="user", content="ok"), bad], name="n")
+    assert channel_name(path, "new") is None  # the whole turn was undone, the upsert too
+    # So the next turn must write the channel again, or its episode has no channel row.
+    episode, _ = await store.start_turn("new", None, [Step(role="user", content="hi")], name="n")
+    assert channel_name(path, "new") == "n"
+    assert [s.content for s in await store.channel_history("new", 20)] == ["hi"]
+    assert episode > 0

@@ -56,12 +56,16 @@ class GroupCommit:
     """One commit thread and connection; ``run(op)`` queues ``op`` and waits for its commit."""
 
     def __init__(self, path: str, busy_timeout_ms: int,
+                 on_begin: Callable[[sqlite3.Connection], None] = lambda conn: None,
                  on_rollback: Callable[[], None] = lambda: None) -> None:
         if path == ":memory:":
             raise ValueError("the store must be a file: group commit opens a second "
                              "connection, and an in-memory database cannot be shared")
         self._path = path
         self._busy_timeout_ms = busy_timeout_ms
+        # Called on the commit thread once a batch's transaction has begun (it holds the
+        # write lock): what memory keeps checks there whether another connection wrote.
+        self._on_begin = on_begin
         # Called on the commit thread when a batch is rolled back whole: what was kept in
         # memory from its operations (bot.storage.history) is not in the file.
         self._on_rollback = on_rollback
@@ -146,6 +150,7 @@ class GroupCommit:
         try:
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
+            self._on_begin(conn)
             # One savepoint for the whole batch: undoing it keeps the transaction, so the
             # write lock is not let go (and maybe lost to another writer) for the rerun.
             conn.execute("SAVEPOINT batch")
@@ -157,6 +162,7 @@ class GroupCommit:
                     conn.execute("ROLLBACK TO batch")
                 else:  # SQLite rolled it all back itself: begin again
                     conn.execute("BEGIN IMMEDIATE")
+                self._on_begin(conn)
                 results = [self._one(conn, op) for op in ops]
             conn.execute("COMMIT")
         except Exception as exc:  # nothing of the batch is stored: every caller hears why

@@ -10,9 +10,12 @@ It stays honest with three rules:
 
 - **Other connections.** ``PRAGMA data_version`` changes when any other
   connection (the store's own aiosqlite one, the trainer, a second bot
-  process) commits to the file. Every read checks it first and empties the
-  cache when it moved: ``/forget``, an erasure or another writer's step is
-  seen exactly as SQLite would show it.
+  process) commits to the file. Each group-commit batch checks it once, right
+  after its ``BEGIN IMMEDIATE`` (``sync``), and empties the cache when it
+  moved: ``/forget``, an erasure or another writer's step is seen exactly as
+  SQLite would show it. Once is enough: the batch holds the write lock until
+  its COMMIT, so no other connection can commit in between, and a check per
+  read was a statement more on every turn.
 - **This connection's writes.** A step is appended only by the operation that
   inserted it, as its last action, so a step whose operation raised never
   enters. A batch rolled back whole (its COMMIT failed, or one operation raised
@@ -21,6 +24,11 @@ It stays honest with three rules:
 - **Bounds.** At most ``keep`` steps for each of at most ``channels``
   channels, the least recently used dropped first; a read for more than is
   kept goes to SQLite.
+
+The same rules keep ``names``: each channel's name as this connection last
+wrote it, so that a turn's start skips the channel upsert when it would change
+nothing (a statement on every turn, on the commit thread that bounds the
+harness's throughput).
 
 Everything here runs on the commit thread only, so it needs no lock. The
 steps are shared with the callers: they are read-only by convention, as they
@@ -48,15 +56,36 @@ class HistoryCache:
         self.keep, self.channels = keep, channels
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._version: int | None = None
+        # channel -> the name this connection last upserted (Store.start_turn); bounded
+        # like the steps, since a long-lived bot may see many channels.
+        self.names: OrderedDict[str, str] = OrderedDict()
         self.hits = self.misses = 0  # for tests and benches
+
+    def sync(self, db: sqlite3.Connection) -> None:
+        """Forget everything if another connection committed since the last batch; called
+        once per batch, inside its transaction (see the module docstring)."""
+        version = db.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._version:
+            self.clear()
+            self._version = version
+
+    def knows_name(self, channel_id: str, name: str) -> bool:
+        """True when the channel's row is known to exist with this name already: an
+        upsert of ``name`` would change nothing."""
+        return self.names.get(channel_id) == name
+
+    def wrote_name(self, channel_id: str, name: str) -> None:
+        """This connection upserted the channel with ``name``: called as the operation's
+        last action, as ``appended`` is, so an operation that raised leaves nothing."""
+        self.names[channel_id] = name
+        self.names.move_to_end(channel_id)
+        while len(self.names) > self.channels:
+            self.names.popitem(last=False)
 
     def read(self, db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps, oldest first: from memory when they are
-        known, else from SQLite (``read_history``), whose answer is then kept."""
-        version = db.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._version:
-            self._kept.clear()
-            self._version = version
+        known, else from SQLite (``read_history``), whose answer is then kept. Only in a
+        batch that ``sync`` began."""
         kept = self._kept.get(channel_id)
         if kept is not None and (kept.complete or len(kept.steps) >= limit):
             self._kept.move_to_end(channel_id)
@@ -81,6 +110,7 @@ class HistoryCache:
 
     def clear(self) -> None:
         self._kept.clear()
+        self.names.clear()
         self._version = None
 
     def _put(self, channel_id: str, kept: _Kept) -> None:

@@ -79,7 +79,8 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         # The turns' steps, ends, events and history reads: batched (bot.storage.group_commit).
         # The channels' recent steps, as this connection stored them (bot.storage.history).
         self._history = HistoryCache()
-        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS, on_rollback=self._history.clear)
+        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS, on_begin=self._history.sync,
+                                    on_rollback=self._history.clear)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -221,10 +222,11 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         now = time.time()
 
         def op(db: sqlite3.Connection) -> tuple[int, list[StoredStep]]:
-            db.execute(
-                "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT (id) "
-                "DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
-                (channel_id, name, now))
+            if not self._history.knows_name(channel_id, name):
+                db.execute(
+                    "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT "
+                    "(id) DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
+                    (channel_id, name, now))
             episode_id = db.execute(  # the release that serves it: the live one (start_episode)
                 "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
                 "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
@@ -232,8 +234,9 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             if prefix is not None:
                 db.execute(INSERT_PREFIX, prefix.values())
             stored = [insert_step(db, step_values(step, episode_id)) for step in steps]
-            for step in stored:  # the last action: nothing after it can roll them back
+            for step in stored:  # the last actions: nothing after them can roll them back
                 self._history.appended(step)
+            self._history.wrote_name(channel_id, name)
             return episode_id, stored
 
         return await self._commits.run(op)
