@@ -4,9 +4,10 @@
    server (a separate process answering a canned completion), through the real
    runtime: channel workers, agent loop, tool registry, SQLite store, HTTP client.
    It also prints the CPU each part used per turn: the harness's event loop (the
-   part that bounds its throughput, one thread), the whole harness process (with
-   the store's commit thread), and the scripted server, a separate process whose
-   cost is the fake's own, not the harness's. On a loaded machine the wall-clock
+   part that bounds its throughput, one thread), the whole harness process, the
+   store's writer process (``bot.storage.writer``: the group commits, on the other
+   core), and the scripted server, a separate process whose cost is the fake's own,
+   not the harness's. On a loaded machine the wall-clock
    rate moves with other jobs; the CPU per turn does much less.
 2. The harness's share of a turn's wall time with the embedded model served by
    the real llama.cpp server: (turn time - time inside the model call) / turn time.
@@ -82,7 +83,8 @@ class FixedServer:
 class Throughput:
     turns_per_s: float
     loop_us: float  # the event loop thread's CPU per turn
-    process_us: float  # the harness process's CPU per turn (loop + commit thread + others)
+    process_us: float  # the harness process's CPU per turn (the loop and its other threads)
+    writer_us: float | None  # the store's writer process's CPU per turn (None: not on Linux)
     server_us: float | None  # the scripted server's CPU per turn (None: not on Linux)
     commits: int  # group-commit transactions
     operations: int  # store operations in them
@@ -120,21 +122,26 @@ async def scripted_throughput(turns: int, channels: int, data_dir: Path,
             await asyncio.gather(*(rt.turn(f"ch{i}", "hi") for i in range(channels)))
             commits = rt.store._commits  # noqa: SLF001 - the bench reads its counters
             batches0, operations0 = commits.batches, commits.operations
+            writer_pid = commits._proc.pid  # noqa: SLF001
             server0, loop0, process0 = _cpu_s(server.pid), time.thread_time(), time.process_time()
+            writer0 = _cpu_s(writer_pid)
             started = time.perf_counter()
             futures = [rt.workers.enqueue(f"ch{i % channels}", f"message {i}")
                        for i in range(turns)]
             results = await asyncio.gather(*futures)
             elapsed = time.perf_counter() - started
             loop_s, process_s = time.thread_time() - loop0, time.process_time() - process0
-            server1 = _cpu_s(server.pid)
+            server1, writer1 = _cpu_s(server.pid), _cpu_s(writer_pid)
             assert all(r.ok for r in results)
         finally:
             await rt.close()
             await llm.close()
-        server_us = None if server0 is None or server1 is None else (server1 - server0) / turns * 1e6
+        def per_turn(before: float | None, after: float | None) -> float | None:
+            return None if before is None or after is None else (after - before) / turns * 1e6
+
         return Throughput(turns / elapsed, loop_s / turns * 1e6, process_s / turns * 1e6,
-                          server_us, commits.batches - batches0,
+                          per_turn(writer0, writer1), per_turn(server0, server1),
+                          commits.batches - batches0,
                           commits.operations - operations0)
     finally:
         server.kill()
@@ -185,10 +192,12 @@ def main() -> None:
             run = asyncio.run(scripted_throughput(args.turns, args.channels,
                                                   Path(tmp) / f"a-{tools}", tools))
             server = "n/a" if run.server_us is None else f"{run.server_us:.0f}"
+            writer = "n/a" if run.writer_us is None else f"{run.writer_us:.0f}"
             print(f"scripted server, agent.tools = {tools!r}: {run.turns_per_s:,.0f} turns/s "
                   f"across {args.channels} channels ({args.turns} turns; goal >= 2,000)\n"
                   f"  CPU per turn: harness event loop {run.loop_us:.0f} us, harness process "
-                  f"{run.process_us:.0f} us, scripted server {server} us; "
+                  f"{run.process_us:.0f} us, store writer process {writer} us, scripted "
+                  f"server {server} us; "
                   f"the loop alone would allow {1e6 / run.loop_us:,.0f} turns/s\n"
                   f"  store: {run.operations} operations in {run.commits} group commits "
                   f"({run.operations / max(run.commits, 1):.1f} per commit)")

@@ -4,12 +4,18 @@ committed; one failing operation does not take the others with it."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sqlite3
 
 import pytest
 
-from bot.storage.group_commit import GroupCommit
-from bot.storage.store import Step, Store
+import bot.storage.store as store_module
+from bot.storage.group_commit import Batcher, GroupCommit
+from bot.storage.history import HistoryCache
+from bot.storage.schema import step_values
+from bot.storage.store import Prefix, Step, Store
+from bot.storage.writer import bound
 
 
 @pytest.fixture
@@ -17,6 +23,11 @@ async def store(tmp_path):
     s = await Store.open(tmp_path / "store.db")
     yield s
     await s.close()
+
+
+async def make_schema(path) -> None:
+    store = await Store.open(path)
+    await store.close()
 
 
 def count_steps(path) -> int:
@@ -54,32 +65,65 @@ async def test_a_failing_operation_is_rolled_back_alone(store, tmp_path):
     assert contents == ["hi", "hi", "kept"]
 
 
-async def test_a_batch_with_a_failing_operation_is_run_again_without_it(store, tmp_path):
+def test_a_batch_with_a_failing_operation_is_run_again_without_it(tmp_path):
     # The batch runs first without a savepoint per operation; one that writes and then
     # raises rolls the whole transaction back and the batch runs again, each operation
     # apart. Its half-write is gone, the others are stored once, in memory as in SQLite.
+    # (The writer process's parts, run here, so that a planted operation can be given.)
+    path = tmp_path / "store.db"
+    asyncio.run(make_schema(path))
+    memory = HistoryCache()
+    batcher = Batcher(str(path), 1000, on_begin=memory.sync, on_rollback=memory.clear)
+    try:
+        [(ok, (episode, _))] = batcher.commit([bound("start_turn", (
+            "e", "", 0.0, None, None, [Step(role="user", content="one")]), memory)])
+        batcher.commit([bound("channel_history", ("e", 10), memory)])  # kept in memory now
+
+        def half_then_fail(db):
+            db.execute("INSERT INTO channels (id, created_at) VALUES ('half', 0)")
+            raise ValueError("planted")
+
+        results = batcher.commit([
+            bound("add_step", (episode, step_values(Step(role="assistant", content="two"),
+                                                    episode), None), memory),
+            half_then_fail,
+            bound("channel_history", ("e", 10, True), memory),
+            bound("add_step", (episode, step_values(Step(role="user", content="three"),
+                                                    episode), None), memory)])
+        assert [ok for ok, _ in results] == [True, False, True, True]
+        assert isinstance(results[1][1], ValueError)
+        assert [s.content for s in results[2][1][1]] == ["one", "two"]
+        [(ok, (kind, history))] = batcher.commit([bound("channel_history", ("e", 10, True),
+                                                        memory)])
+        assert [s.content for s in history] == ["one", "two", "three"]
+    finally:
+        batcher.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT COUNT(*) FROM channels WHERE id = 'half'").fetchone()[0] == 0
+        assert [r[0] for r in db.execute("SELECT content FROM steps ORDER BY id")] == [
+            "one", "two", "three"]
+
+
+async def test_a_store_operation_that_fails_half_way_is_undone_alone(store, tmp_path):
+    # Through the writer process: a step with a new prompt prefix, for an episode that has
+    # ended, writes the prefix and then raises; the batch it shares is run again apart.
     episode, _ = await store.start_turn("e", None, [Step(role="user", content="one")])
-    await store.channel_history("e", 10)  # kept in memory from here on
-
-    def half_then_fail(db):
-        db.execute("INSERT INTO channels (id, created_at) VALUES ('half', 0)")
-        raise ValueError("planted")
-
+    ended, _ = await store.start_turn("f", None, [Step(role="user", content="x")])
+    await store.end_episode(ended, "complete")
+    prefix = Prefix([{"role": "system", "content": "never stored"}])
     before = store._commits.batches
     results = await asyncio.gather(
         store.add_step(episode, Step(role="assistant", content="two")),
-        store._commits.run(half_then_fail),
+        store.add_step(ended, Step(role="assistant", content="refused"), prefix=prefix),
         store.channel_history("e", 10),
         store.add_step(episode, Step(role="user", content="three")),
         return_exceptions=True)
     assert store._commits.batches - before == 1  # one batch, run twice inside
-    assert isinstance(results[1], ValueError)
+    assert isinstance(results[1], ValueError) and "already complete" in str(results[1])
     assert [s.content for s in results[2]] == ["one", "two"]
     assert [s.content for s in await store.channel_history("e", 10)] == ["one", "two", "three"]
     with sqlite3.connect(tmp_path / "store.db") as db:
-        assert db.execute("SELECT COUNT(*) FROM channels WHERE id = 'half'").fetchone()[0] == 0
-        assert [r[0] for r in db.execute("SELECT content FROM steps ORDER BY id")] == [
-            "one", "two", "three"]
+        assert db.execute("SELECT COUNT(*) FROM prompt_prefixes").fetchone()[0] == 0
 
 
 async def test_a_read_sees_the_writes_queued_before_it(store):
@@ -91,14 +135,14 @@ async def test_a_read_sees_the_writes_queued_before_it(store):
     assert [s.content for s in history] == ["one", "two"]
 
 
-async def test_nothing_is_acknowledged_when_the_commit_fails(tmp_path):
+async def test_nothing_is_acknowledged_when_the_commit_fails(tmp_path, monkeypatch):
     path = tmp_path / "store.db"
+    monkeypatch.setattr(store_module, "_BUSY_TIMEOUT_MS", 50)  # the writer's, as it starts
     store = await Store.open(path)
     try:
         episode, _ = await store.start_turn("d", None, [Step(role="user", content="hi")])
         # Another connection holds the write lock past the busy timeout: BEGIN fails, so
         # every operation of the batch hears it and none is stored.
-        await store._commits.run(lambda db: db.execute("PRAGMA busy_timeout = 50"))
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
         try:
@@ -129,6 +173,33 @@ async def test_close_commits_what_is_queued_then_refuses(tmp_path):
     assert count_steps(tmp_path / "store.db") == 6
     with pytest.raises(RuntimeError, match="closed"):
         await store.add_step(episode, Step(role="tool", content="late"))
+
+
+async def test_a_dead_writer_fails_its_callers_with_the_reason_and_never_hangs(tmp_path):
+    store = await Store.open(tmp_path / "store.db")
+    episode, _ = await store.start_turn("w", None, [Step(role="user", content="hi")])
+    store._commits._proc.kill()
+    for content in ("during", "after"):
+        with pytest.raises(RuntimeError, match="writer process stopped"):
+            await asyncio.wait_for(
+                store.add_step(episode, Step(role="assistant", content=content)), 10)
+    await asyncio.wait_for(store.close(), 10)
+    assert count_steps(tmp_path / "store.db") == 1
+
+
+async def test_a_ctrl_c_for_the_console_does_not_stop_the_writer(store):
+    episode, _ = await store.start_turn("w", None, [Step(role="user", content="hi")])
+    os.kill(store._commits._proc.pid, signal.SIGINT)
+    await asyncio.sleep(0.2)
+    stored = await asyncio.wait_for(
+        store.add_step(episode, Step(role="assistant", content="still here")), 10)
+    assert stored.seq == 1
+
+
+async def test_arguments_that_cannot_be_sent_are_refused_before_anything_is_queued(store):
+    with pytest.raises(ValueError, match="cannot be sent"):
+        await store._commits.run("add_event", (lambda: None,))
+    assert await store.add_event("w", None, "note", {"still": "works"}) > 0
 
 
 def test_an_in_memory_store_is_refused_with_the_reason():

@@ -9,8 +9,11 @@ import sqlite3
 
 import pytest
 
-from bot.storage.history import read_history
+from bot.storage.group_commit import Batcher
+from bot.storage.history import HistoryCache, Received, read_history
+from bot.storage.schema import step_values
 from bot.storage.store import Step, Store
+from bot.storage.writer import bound
 
 
 @pytest.fixture
@@ -30,7 +33,10 @@ def seen(steps) -> list[tuple]:
     return [(s.id, s.content) for s in steps]
 
 
-async def test_reads_equal_sqlite_through_turns_ends_and_failed_steps(store, tmp_path):
+@pytest.mark.parametrize("bot_keeps", [None, 3])
+async def test_reads_equal_sqlite_through_turns_ends_and_failed_steps(store, tmp_path, bot_keeps):
+    if bot_keeps is not None:  # the bot lets most steps go: reads by ids fall back to steps
+        store._received = Received(keep=bot_keeps)
     rng = random.Random(7)
     path = tmp_path / "store.db"
     open_episodes: dict[str, int] = {}
@@ -52,7 +58,10 @@ async def test_reads_equal_sqlite_through_turns_ends_and_failed_steps(store, tmp
             await store.add_step(open_episodes[channel], Step(role="assistant", content=f"a{i}"))
         limit = rng.choice((0, 1, 5, 20, 64, 100))
         assert seen(await store.channel_history(channel, limit)) == from_sql(path, channel, limit)
-    assert store._history.hits > 200  # most reads were answered from memory
+    if bot_keeps is None:
+        assert store._received.hits > 200  # most reads were answered from memory, by ids
+    else:
+        assert store._received.misses > 100  # ...and asked again, whole, when not kept
 
 
 async def test_a_forgotten_episode_leaves_the_history_at_once(store):
@@ -72,14 +81,34 @@ async def test_another_process_step_is_seen(store, tmp_path):
     assert [s.content for s in await store.channel_history("dev", 20)] == ["mine", "theirs"]
 
 
-async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(tmp_path):
+class Writer:
+    """The writer process's parts (bot.storage.writer), run in this process, so that a
+    test can reach its connection."""
+
+    def __init__(self, path) -> None:
+        self.memory = HistoryCache()
+        self.batcher = Batcher(str(path), 1000, on_begin=self.memory.sync,
+                               on_rollback=self.memory.clear)
+
+    def __call__(self, name: str, *args):
+        [(ok, value)] = self.batcher.commit([bound(name, args, self.memory)])
+        if not ok:
+            raise value
+        return value
+
+    def history(self, channel: str) -> list[str]:
+        kind, found = self("channel_history", channel, 20, True)
+        return [s.content for s in found]
+
+
+async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(store, tmp_path):
     path = tmp_path / "store.db"
-    store = await Store.open(path)
+    writer = Writer(path)
     try:
-        episode, _ = await store.start_turn("d", None, [Step(role="user", content="hi")])
-        assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
-        commits = store._commits
-        real = commits._conn
+        episode, _ = writer("start_turn", "d", "", 0.0, None, None,
+                            [Step(role="user", content="hi")])
+        assert writer.history("d") == ["hi"]
+        real = writer.batcher.conn
 
         class FailingCommit:
             # The step is inserted (and kept in memory), then the batch's COMMIT fails, as
@@ -92,14 +121,15 @@ async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(tmp_path):
                     raise sqlite3.OperationalError("disk I/O error (planted)")
                 return real.execute(sql, *args)
 
-        commits._conn = FailingCommit()
+        writer.batcher.conn = FailingCommit()
         with pytest.raises(sqlite3.OperationalError, match="planted"):
-            await store.add_step(episode, Step(role="assistant", content="lost"))
-        commits._conn = real
-        assert [s.content for s in await store.channel_history("d", 20)] == ["hi"]
+            writer("add_step", episode,
+                   step_values(Step(role="assistant", content="lost"), episode), None)
+        writer.batcher.conn = real
+        assert writer.history("d") == ["hi"]
         assert from_sql(path, "d", 20) == [(1, "hi")]
     finally:
-        await store.close()
+        writer.batcher.close()
 
 
 async def test_concurrent_turns_read_their_own_channels(store, tmp_path):
@@ -151,21 +181,29 @@ def channel_name(path, channel: str) -> str | None:
 
 async def test_a_turn_skips_the_channel_upsert_only_while_it_would_change_nothing(store, tmp_path):
     path = tmp_path / "store.db"
+    writer = Writer(path)
     statements: list[str] = []
-    await store.start_turn("c1", None, [Step(role="user", content="a")], name="general")
-    commits = store._commits  # the trace is set on the commit thread, whose connection it is
-    await asyncio.get_running_loop().run_in_executor(
-        commits._executor, commits._conn.set_trace_callback, statements.append)
-    await store.start_turn("c1", None, [Step(role="user", content="b")], name="general")
-    assert not any("INSERT INTO channels" in s for s in statements)  # known: skipped
-    await store.start_turn("c1", None, [Step(role="user", content="c")], name="renamed")
-    assert any("INSERT INTO channels" in s for s in statements)  # a new name is written
-    assert channel_name(path, "c1") == "renamed"
-    # Another connection renames it back: the next turn's name is written again, as the
-    # upsert always did, because the batch saw that another connection committed.
-    await store.ensure_channel("c1", "general")
-    await store.start_turn("c1", None, [Step(role="user", content="d")], name="renamed")
-    assert channel_name(path, "c1") == "renamed"
+    writer.batcher.conn.set_trace_callback(statements.append)
+
+    def turn(name: str, text: str) -> None:
+        writer("start_turn", "c1", name, 0.0, None, None, [Step(role="user", content=text)])
+
+    try:
+        turn("general", "a")
+        assert any("INSERT INTO channels" in s for s in statements)
+        statements.clear()
+        turn("general", "b")
+        assert not any("INSERT INTO channels" in s for s in statements)  # known: skipped
+        turn("renamed", "c")
+        assert any("INSERT INTO channels" in s for s in statements)  # a new name is written
+        assert channel_name(path, "c1") == "renamed"
+        # Another connection renames it back: the next turn's name is written again, as
+        # the upsert always did, because the batch saw that another connection committed.
+        await store.ensure_channel("c1", "general")
+        turn("renamed", "d")
+        assert channel_name(path, "c1") == "renamed"
+    finally:
+        writer.batcher.close()
 
 
 async def test_an_upsert_rolled_back_with_its_turn_is_not_remembered(store, tmp_path):

@@ -1,36 +1,41 @@
-"""Group commit: many channels' steps committed in one transaction, each acknowledged
-only once that transaction has committed.
+"""Group commit: many channels' steps committed in one transaction, by a writer process
+of the store's own, each acknowledged only once that transaction has committed.
 
 A turn's bookkeeping is a handful of small writes (open the episode with its
 system prompt and message, the answer, the end) and a read (the channel's
-history). Done one by one through aiosqlite, each is a hop to the database
-thread and back (a queue put, a thread wake-up, a self-pipe write to wake the
-loop) and each write its own commit. With 50 channels those hops, not SQLite,
-were most of the harness's cost per turn (bench/agent.py).
-
-So the turn's operations go to one queue. A drain task takes everything that
-is waiting and runs it in ONE call on this module's own thread, inside one
-``BEGIN IMMEDIATE ... COMMIT``:
+history). Done one by one, each is a hop and its own commit. So the turn's
+operations are sent, by name (``bot.storage.operations``), to one writer, which
+runs whatever is waiting in ONE ``BEGIN IMMEDIATE ... COMMIT`` (``Batcher``):
 
 - one operation that raises (a step for an episode that has ended) is rolled
   back alone and its caller gets the error; the others commit (the batch is
   then run again with a SAVEPOINT around each operation; see ``_commit``);
 - every caller's future is resolved only after COMMIT has returned, so a step
-  is acknowledged only once it is committed, as before (durability: see
+  is acknowledged only once it is committed (durability: see
   ``Store._open_pragmas``; the same pragmas are set here);
 - if BEGIN or COMMIT fails (the disk is full, another process holds the write
   lock past the busy timeout), every caller in the batch gets that error and
   none of the batch is stored;
-- operations run in the order they were queued, so a read sees every write
-  queued before it, including those of its own batch.
+- operations run in the order they were sent, so a read sees every write sent
+  before it, including those of its own batch.
 
-An operation is a plain function of a ``sqlite3.Connection``: it must do only
-database work (it runs on the commit thread, and blocks the batch while it
-runs). A caller cancelled before its operation was taken is dropped (never run,
-never acknowledged); one cancelled later may still be committed, as a cancelled
-aiosqlite call could be.
+**Why a process, not a thread.** It was a thread, and the bench showed the
+thread ~75% busy, waiting for Python's GIL for almost half of that: each
+SQLite statement lets the GIL go and must take it back from the event loop,
+which holds it for most of a turn. In a process of its own the writer has
+its own interpreter (the second core), and the bot's loop only pickles a
+request and unpickles an answer (``bench/agent.py``: see the README).
 
-The thread has its own connection to the same file (WAL): readers on the
+The writer (``python -m bot.storage.writer``) is a child of the bot, in a
+session of its own so that a Ctrl-C meant for the console does not cut a
+batch in half. It answers a batch with one frame; the bot matches answers to
+callers in order. It stops at the end of its input: ``close`` (every queued
+operation committed first), or the bot's death (what it had read is
+committed; nobody was told). If the writer dies, every waiting caller and
+every later one hears why. A caller cancelled after its request was sent may
+still be committed, as a cancelled call to a database thread could be.
+
+The writer has its own connection to the same file (WAL): readers on the
 store's aiosqlite connection see a commit once it is acknowledged, and the two
 connections' writes are kept apart by SQLite's lock and busy timeout, as the
 trainer's are. An in-memory database cannot be shared between connections, so
@@ -40,102 +45,57 @@ the store must be a file.
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
 import sqlite3
+import struct
+import sys
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any
 
-T = TypeVar("T")
 Operation = Callable[[sqlite3.Connection], Any]
+Result = tuple[bool, Any]  # (True, value) or (False, the exception it raised)
 
 # A bound on one transaction's size, so one batch never holds the write lock for long.
 MAX_BATCH = 256
+_HEADER = struct.Struct(">I")  # a frame: its length, then a pickle
+_ROOT = Path(__file__).resolve().parents[2]
 
 
-class GroupCommit:
-    """One commit thread and connection; ``run(op)`` queues ``op`` and waits for its commit."""
+def frame(value: Any) -> bytes:
+    data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+def _refuse_memory(path: str) -> None:
+    if path == ":memory:":
+        raise ValueError("the store must be a file: group commit opens a second "
+                         "connection, and an in-memory database cannot be shared")
+
+
+class Batcher:
+    """One connection that runs batches of operations, each batch one transaction. The
+    writer process runs it; it is plain and synchronous, so tests run it directly."""
 
     def __init__(self, path: str, busy_timeout_ms: int,
                  on_begin: Callable[[sqlite3.Connection], None] = lambda conn: None,
                  on_rollback: Callable[[], None] = lambda: None) -> None:
-        if path == ":memory:":
-            raise ValueError("the store must be a file: group commit opens a second "
-                             "connection, and an in-memory database cannot be shared")
-        self._path = path
-        self._busy_timeout_ms = busy_timeout_ms
-        # Called on the commit thread once a batch's transaction has begun (it holds the
-        # write lock): what memory keeps checks there whether another connection wrote.
+        _refuse_memory(path)
+        # Called once a batch's transaction has begun (it holds the write lock): what
+        # memory keeps checks there whether another connection wrote.
         self._on_begin = on_begin
-        # Called on the commit thread when a batch is rolled back whole: what was kept in
-        # memory from its operations (bot.storage.history) is not in the file.
+        # Called when a batch is rolled back whole: what memory kept from its
+        # operations (bot.storage.history) is not in the file.
         self._on_rollback = on_rollback
-        self._pending: list[tuple[Operation, asyncio.Future]] = []
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-commit")
-        self._conn: sqlite3.Connection | None = None  # made and used on the commit thread only
-        self._task: asyncio.Task | None = None
-        self._closed = False
-        self.batches = 0  # transactions committed (or failed): for benches and tests
-        self.operations = 0
+        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        self.conn.execute("PRAGMA synchronous = NORMAL")  # see Store._open_pragmas
+        self.conn.execute("PRAGMA foreign_keys = ON")
 
-    async def run(self, op: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``op`` in the next group transaction; its result once that has committed."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((op, future))
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._drain(), name="store-group-commit")
-        self._wake.set()
-        return await future
-
-    async def _drain(self) -> None:
-        loop = asyncio.get_running_loop()
-        batch: list[tuple[Operation, asyncio.Future]] = []
-        try:
-            while True:
-                await self._wake.wait()
-                self._wake.clear()
-                while self._pending:
-                    batch = [(op, f) for op, f in self._pending[:MAX_BATCH] if not f.cancelled()]
-                    del self._pending[:MAX_BATCH]
-                    if not batch:
-                        continue
-                    # Not cancelled by close(), which waits: a batch taken is a batch answered.
-                    results = await loop.run_in_executor(self._executor, self._commit,
-                                                         [op for op, _ in batch])
-                    for (_, future), (ok, value) in zip(batch, results):
-                        if future.done():
-                            continue
-                        if ok:
-                            future.set_result(value)
-                        else:
-                            future.set_exception(value)
-                    batch = []
-                if self._closed:
-                    return
-        except BaseException:
-            # Cancelled with the loop, or a bug here: no caller may wait forever, and none
-            # is told its operation was committed (a taken batch may or may not have been).
-            for _, future in batch + self._pending:
-                if not future.done():
-                    future.set_exception(RuntimeError("the store's commit task stopped"))
-            self._pending.clear()
-            raise
-
-    # -- on the commit thread ---------------------------------------------------
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            conn = sqlite3.connect(self._path, isolation_level=None)
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            conn.execute("PRAGMA synchronous = NORMAL")  # see Store._open_pragmas
-            conn.execute("PRAGMA foreign_keys = ON")
-            self._conn = conn
-        return self._conn
-
-    def _commit(self, ops: list[Operation]) -> list[tuple[bool, Any]]:
+    def commit(self, ops: list[Operation]) -> list[Result]:
         """Run ``ops`` in one transaction: (True, result) or (False, exception) each.
 
         Optimistic: the batch runs first with no savepoint per operation (a savepoint
@@ -145,10 +105,8 @@ class GroupCommit:
         with a savepoint around each, so that the failing one alone is undone.
         Operations are plain functions of the connection, so running one again after
         a rollback is running it for the first time."""
-        self.batches += 1
-        self.operations += len(ops)
+        conn = self.conn
         try:
-            conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
             self._on_begin(conn)
             # One savepoint for the whole batch: undoing it keeps the transaction, so the
@@ -167,13 +125,13 @@ class GroupCommit:
             conn.execute("COMMIT")
         except Exception as exc:  # nothing of the batch is stored: every caller hears why
             self._on_rollback()
-            if self._conn is not None and self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
             return [(False, exc)] * len(ops)
         return results
 
     @staticmethod
-    def _one(conn: sqlite3.Connection, op: Operation) -> tuple[bool, Any]:
+    def _one(conn: sqlite3.Connection, op: Operation) -> Result:
         conn.execute("SAVEPOINT op")
         try:
             value = op(conn)
@@ -186,22 +144,115 @@ class GroupCommit:
         conn.execute("RELEASE op")
         return True, value
 
-    # -- lifetime ---------------------------------------------------------------
+    def close(self) -> None:
+        self.conn.close()
+
+
+class GroupCommit:
+    """The bot's side: ``run(name, *args)`` sends an operation to the writer process and
+    waits for its commit. ``start()`` before use, ``close()`` after."""
+
+    def __init__(self, path: str, busy_timeout_ms: int) -> None:
+        _refuse_memory(path)
+        self._path, self._busy_timeout_ms = path, busy_timeout_ms
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task | None = None
+        self._waiting: deque[asyncio.Future] = deque()  # in the order sent
+        self._outbox: list[bytes] = []  # frames sent together at the end of this loop turn
+        self._closed = False
+        self._stopped: str | None = None  # why the writer is gone, once it is
+        self.batches = 0  # transactions committed (or failed): for benches and tests
+        self.operations = 0
+
+    async def start(self) -> None:
+        """Start the writer and wait until its connection is open (or say why not)."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot.storage.writer", self._path, str(self._busy_timeout_ms),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+            start_new_session=True, limit=1 << 24)
+        try:
+            [(ok, value)] = await self._answer()
+        except (asyncio.IncompleteReadError, ValueError):
+            code = await self._proc.wait()
+            raise RuntimeError(f"the store's writer process did not start (exit {code}; "
+                               "its error is on stderr)") from None
+        if not ok:
+            await self._proc.wait()
+            raise value
+        self._reader = asyncio.create_task(self._read(), name="store-writer-answers")
+
+    async def run(self, name: str, *args: Any) -> Any:
+        """Run operation ``name`` (``bot.storage.operations``) in the next group
+        transaction; its result once that has committed."""
+        if self._closed:
+            raise RuntimeError("the store is closed")
+        if self._stopped is not None:
+            raise RuntimeError(self._stopped)
+        try:
+            request = frame((name, args))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise ValueError(f"store operation {name}: its arguments cannot be sent to the "
+                             f"writer: {exc}") from None
+        future = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        if not self._outbox:  # the first this turn of the loop: send them all after it
+            asyncio.get_running_loop().call_soon(self._send)
+        self._outbox.append(request)
+        return await future
+
+    def _send(self) -> None:
+        data, self._outbox = b"".join(self._outbox), []
+        if self._stopped is None and not self._proc.stdin.is_closing():
+            self._proc.stdin.write(data)  # if the writer is gone, _read fails the callers
+
+    async def _answer(self) -> list[Result]:
+        (size,) = _HEADER.unpack(await self._proc.stdout.readexactly(_HEADER.size))
+        return pickle.loads(await self._proc.stdout.readexactly(size))
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                results = await self._answer()
+                self.batches += 1
+                self.operations += len(results)
+                for ok, value in results:
+                    future = self._waiting.popleft()
+                    if future.done():  # its caller was cancelled
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        except asyncio.IncompleteReadError:  # the writer ended its output: it stopped
+            code = await self._proc.wait()
+            self._stop(f"the store's writer process stopped (exit {code})")
+        except BaseException as exc:
+            # Cancelled with the loop, or a bug here: no caller may wait forever, and none
+            # is told its operation was committed (a sent batch may or may not have been).
+            self._stop(f"the store's writer is no longer answered: {exc!r}")
+            raise
+
+    def _stop(self, why: str) -> None:
+        self._stopped = why
+        while self._waiting:
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(RuntimeError(why))
 
     async def close(self) -> None:
-        """Commit what is queued, then stop the thread and close its connection."""
+        """Commit what was sent, then stop the writer (it stops at the end of its input)."""
         if self._closed:
             return
-        self._closed = True  # no new operations; the drain commits the queued ones and returns
-        if self._task is not None:
-            self._wake.set()
-            await self._task
-            self._task = None
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._close_connection)
-        self._executor.shutdown(wait=True)
-
-    def _close_connection(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._closed = True
+        if self._proc is None:
+            return
+        if self._outbox:
+            self._send()
+        if self._proc.stdin is not None and not self._proc.stdin.is_closing():
+            self._proc.stdin.close()
+        if self._reader is not None:
+            await self._reader  # answers everything sent, then sees the end
+            self._reader = None
+        await self._proc.wait()

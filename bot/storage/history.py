@@ -82,15 +82,23 @@ class HistoryCache:
         while len(self.names) > self.channels:
             self.names.popitem(last=False)
 
-    def read(self, db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
-        """The channel's last ``limit`` steps, oldest first: from memory when they are
-        known, else from SQLite (``read_history``), whose answer is then kept. Only in a
-        batch that ``sync`` began."""
+    def lookup(self, channel_id: str, limit: int) -> list[StoredStep] | None:
+        """The channel's last ``limit`` steps from memory, or None when they are not all
+        known. Only in a batch that ``sync`` began."""
         kept = self._kept.get(channel_id)
         if kept is not None and (kept.complete or len(kept.steps) >= limit):
             self._kept.move_to_end(channel_id)
             self.hits += 1
             return kept.steps[-limit:] if limit else []
+        return None
+
+    def read(self, db: sqlite3.Connection, channel_id: str, limit: int) -> list[StoredStep]:
+        """The channel's last ``limit`` steps, oldest first: from memory when they are
+        known, else from SQLite (``read_history``), whose answer is then kept. Only in a
+        batch that ``sync`` began."""
+        found = self.lookup(channel_id, limit)
+        if found is not None:
+            return found
         self.misses += 1
         steps = read_history(db, channel_id, max(limit, self.keep))
         complete = len(steps) < max(limit, self.keep)
@@ -133,3 +141,46 @@ def read_history(db: sqlite3.Connection, channel_id: str, limit: int) -> list[St
         (channel_id, limit)).fetchall()
     names = [column[0] for column in cursor.description]
     return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
+
+
+class Received:
+    """The bot's side: the steps the writer process sent it lately, by channel and id.
+
+    A history read answered from the writer's memory comes back as step ids
+    alone: every step in that memory was sent to the bot whole when it entered
+    (as the result of the write that stored it, or in a read from SQLite), so
+    the bot has it, as it was sent, unless it has let it go here. Unpickling
+    twenty steps on every turn was a third of the bot's loop time per turn
+    (bench/agent.py). A step missing here is asked for again, whole
+    (``Store.channel_history``): what is kept here makes reads cheap, never
+    decides what they say."""
+
+    def __init__(self, keep: int = 128, channels: int = 512) -> None:
+        self.keep, self.channels = keep, channels
+        self._by_channel: OrderedDict[str, OrderedDict[int, StoredStep]] = OrderedDict()
+        self.hits = self.misses = 0  # reads answered by ids found here, or not: for tests
+
+    def add(self, steps: list[StoredStep]) -> None:
+        for step in steps:
+            kept = self._by_channel.get(step.channel_id)
+            if kept is None:
+                kept = self._by_channel[step.channel_id] = OrderedDict()
+                while len(self._by_channel) > self.channels:
+                    self._by_channel.popitem(last=False)
+            kept[step.id] = step  # the latest version sent (an erasure rewrites a step)
+            kept.move_to_end(step.id)
+            if len(kept) > self.keep:
+                kept.popitem(last=False)
+
+    def steps(self, channel_id: str, ids: list[int]) -> list[StoredStep] | None:
+        """The steps with these ids, in that order, or None if any is not kept."""
+        kept = self._by_channel.get(channel_id, {})
+        if channel_id in self._by_channel:
+            self._by_channel.move_to_end(channel_id)
+        try:
+            found = [kept[i] for i in ids]
+        except KeyError:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return found

@@ -15,6 +15,10 @@ roll back with) that transaction; every access therefore holds the Store's
 own lock. SQLite admits one writer at a time anyway, so the lock costs no
 parallelism. Other processes (the trainer) are kept apart by SQLite's file
 locks and ``busy_timeout``.
+
+The turns' hot writes (a turn's start, its steps, its end, its events) and
+its history read go instead to the store's writer process, in group commits
+(``bot.storage.group_commit``): it has a connection of its own.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from pathlib import Path
 import aiosqlite
 
 from bot.storage.group_commit import GroupCommit
-from bot.storage.history import HistoryCache
+from bot.storage.history import Received
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
-from bot.storage.prefixes import INSERT_PREFIX, Prefix, Prefixes
+from bot.storage.prefixes import Prefix, Prefixes
 from bot.storage.toolsets import ToolSets
 
 from bot.storage.schema import (
@@ -46,7 +50,6 @@ from bot.storage.schema import (
     check,
     check_step,
     dumps,
-    insert_step,
     migrate,
     nonempty,
     record,
@@ -59,28 +62,21 @@ __all__ = ["Episode", "Prefix", "SchemaTooNewError", "Step", "Store", "StoredSte
 _BUSY_TIMEOUT_MS = 10_000
 
 
-def _missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
-    row = db.execute("SELECT status FROM episodes WHERE id = ?", (episode_id,)).fetchone()
-    if row is None:
-        return ValueError(f"no episode {episode_id}")
-    return ValueError(f"episode {episode_id} is already {row['status']}, not open")
-
-
 class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
 
-    def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int,
+                 commits: GroupCommit) -> None:
         # Use Store.open(): setup needs awaits, which __init__ cannot do.
         self._db = db
         self._path = path
         self._schema_version = schema_version
         self._lock = asyncio.Lock()
         self._closed = False
-        # The turns' steps, ends, events and history reads: batched (bot.storage.group_commit).
-        # The channels' recent steps, as this connection stored them (bot.storage.history).
-        self._history = HistoryCache()
-        self._commits = GroupCommit(path, _BUSY_TIMEOUT_MS, on_begin=self._history.sync,
-                                    on_rollback=self._history.clear)
+        # The turns' steps, ends, events and history reads: batched by the store's writer
+        # process (bot.storage.group_commit), which keeps the channels' recent steps.
+        self._commits = commits
+        self._received = Received()  # the steps it sent lately: history reads come as ids
 
     # -- lifetime -------------------------------------------------------------
 
@@ -99,10 +95,12 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             db.row_factory = sqlite3.Row
             await cls._open_pragmas(db, path)
             version = await migrate(db, path)
+            commits = GroupCommit(path, _BUSY_TIMEOUT_MS)  # after migrate: the schema is there
+            await commits.start()
         except BaseException:
             await db.close()
             raise
-        return cls(db, path, version)
+        return cls(db, path, version, commits)
 
     @staticmethod
     async def _open_pragmas(db: aiosqlite.Connection, path: str) -> None:
@@ -221,39 +219,17 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             check_step(step)
         now = time.time()
 
-        def op(db: sqlite3.Connection) -> tuple[int, list[StoredStep]]:
-            if not self._history.knows_name(channel_id, name):
-                db.execute(
-                    "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT "
-                    "(id) DO UPDATE SET name = excluded.name WHERE excluded.name NOT IN ('', name)",
-                    (channel_id, name, now))
-            episode_id = db.execute(  # the release that serves it: the live one (start_episode)
-                "INSERT INTO episodes (channel_id, started_at, model_version, release_id) "
-                "VALUES (?, ?, ?, (SELECT id FROM releases WHERE state = 'live'))",
-                (channel_id, now, model_version)).lastrowid
-            if prefix is not None:
-                db.execute(INSERT_PREFIX, prefix.values())
-            stored = [insert_step(db, step_values(step, episode_id)) for step in steps]
-            for step in stored:  # the last actions: nothing after them can roll them back
-                self._history.appended(step)
-            self._history.wrote_name(channel_id, name)
-            return episode_id, stored
-
-        return await self._commits.run(op)
+        episode_id, stored = await self._commits.run(
+            "start_turn", channel_id, name, now, model_version,
+            None if prefix is None else prefix.values(), steps)
+        self._received.add(stored)
+        return episode_id, stored
 
     async def end_episode(self, episode_id: int, status: str) -> None:
         """Close an open episode. Ending it twice is refused: two owners of one
         episode is a harness bug, and the second status would hide the first."""
         check(status, (s for s in EPISODE_STATUSES if s != "open"), "episode status")
-        ended = time.time()
-
-        def op(db: sqlite3.Connection) -> None:
-            if not db.execute(
-                    "UPDATE episodes SET status = ?, ended_at = ? WHERE id = ? AND status = 'open' "
-                    "RETURNING id", (status, ended, episode_id)).fetchall():
-                raise _missing_or_closed(db, episode_id)
-
-        await self._commits.run(op)
+        await self._commits.run("end_episode", episode_id, status, time.time())
 
     async def add_step(self, episode_id: int, step: Step, prefix: Prefix | None = None
                        ) -> StoredStep:
@@ -267,18 +243,10 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         stored trajectory differ from the one that was labelled.
         """
         check_step(step)
-        values = step_values(step, episode_id)
-
-        def op(db: sqlite3.Connection) -> StoredStep:
-            if prefix is not None:  # undone with the step: no step refers to a missing prefix
-                db.execute(INSERT_PREFIX, prefix.values())
-            stored = insert_step(db, values)
-            if stored is None:
-                raise _missing_or_closed(db, episode_id)  # rolls the prefix back too
-            self._history.appended(stored)
-            return stored
-
-        return await self._commits.run(op)
+        stored = await self._commits.run("add_step", episode_id, step_values(step, episode_id),
+                                         None if prefix is None else prefix.values())
+        self._received.add([stored])
+        return stored
 
     async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps across episodes, oldest first; forgotten
@@ -288,8 +256,14 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         are shared, so callers must not change them."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        return await self._commits.run(
-            lambda db: self._history.read(db, channel_id, limit))
+        kind, found = await self._commits.run("channel_history", channel_id, limit)
+        if kind == "ids":
+            steps = self._received.steps(channel_id, found)
+            if steps is not None:
+                return steps
+            kind, found = await self._commits.run("channel_history", channel_id, limit, True)
+        self._received.add(found)
+        return found
 
     async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:
         """Episodes started or ended at or after ``since``, with steps and labels.
@@ -349,17 +323,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         nonempty(kind, "event kind")
         values = (channel_id, episode_id, kind, dumps(payload, "event payload"), time.time(),
                   episode_id, episode_id)
-
-        def op(db: sqlite3.Connection) -> int:
-            row = db.execute(
-                "INSERT INTO events (channel_id, episode_id, kind, payload, created_at) "
-                "SELECT ?, ?, ?, ?, ? WHERE ? IS NULL OR EXISTS "
-                "(SELECT 1 FROM episodes WHERE id = ?) RETURNING id", values).fetchone()
-            if row is None:
-                raise ValueError(f"no episode {episode_id}")
-            return row["id"]
-
-        return await self._commits.run(op)
+        return await self._commits.run("add_event", values)
 
     async def events(self, kind: str | None = None, since: float = 0.0,
                      episode_id: int | None = None) -> list[dict]:
