@@ -175,16 +175,29 @@ async def test_close_commits_what_is_queued_then_refuses(tmp_path):
         await store.add_step(episode, Step(role="tool", content="late"))
 
 
-async def test_a_dead_writer_fails_its_callers_with_the_reason_and_never_hangs(tmp_path):
+async def test_a_dead_writer_fails_its_waiting_callers_and_the_next_one_starts_a_new_one(
+        tmp_path):
     store = await Store.open(tmp_path / "store.db")
-    episode, _ = await store.start_turn("w", None, [Step(role="user", content="hi")])
-    store._commits._proc.kill()
-    for content in ("during", "after"):
+    try:
+        episode, _ = await store.start_turn("w", None, [Step(role="user", content="hi")])
+        old_pid = store._commits._proc.pid
+        os.kill(old_pid, signal.SIGSTOP)  # it cannot answer what is sent now
+        waiting = asyncio.ensure_future(
+            store.add_step(episode, Step(role="assistant", content="never")))
+        await asyncio.sleep(0.1)
+        store._commits._proc.kill()
         with pytest.raises(RuntimeError, match="writer process stopped"):
-            await asyncio.wait_for(
-                store.add_step(episode, Step(role="assistant", content=content)), 10)
-    await asyncio.wait_for(store.close(), 10)
-    assert count_steps(tmp_path / "store.db") == 1
+            await asyncio.wait_for(waiting, 10)
+        stored = await asyncio.wait_for(
+            store.add_step(episode, Step(role="assistant", content="after")), 10)
+        assert store._commits._proc.pid != old_pid and store._commits.restarts == 1
+        assert stored.content == "after"
+        assert [s.content for s in await store.channel_history("w", 10)][-1] == "after"
+    finally:
+        await asyncio.wait_for(store.close(), 10)
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        contents = [r[0] for r in db.execute("SELECT content FROM steps ORDER BY id")]
+    assert contents == ["hi", "after"]
 
 
 async def test_a_ctrl_c_for_the_console_does_not_stop_the_writer(store):
@@ -193,7 +206,7 @@ async def test_a_ctrl_c_for_the_console_does_not_stop_the_writer(store):
     await asyncio.sleep(0.2)
     stored = await asyncio.wait_for(
         store.add_step(episode, Step(role="assistant", content="still here")), 10)
-    assert stored.seq == 1
+    assert stored.seq == 1 and store._commits.restarts == 0  # the same writer answered
 
 
 async def test_arguments_that_cannot_be_sent_are_refused_before_anything_is_queued(store):

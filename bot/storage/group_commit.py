@@ -31,9 +31,15 @@ session of its own so that a Ctrl-C meant for the console does not cut a
 batch in half. It answers a batch with one frame; the bot matches answers to
 callers in order. It stops at the end of its input: ``close`` (every queued
 operation committed first), or the bot's death (what it had read is
-committed; nobody was told). If the writer dies, every waiting caller and
-every later one hears why. A caller cancelled after its request was sent may
-still be committed, as a cancelled call to a database thread could be.
+committed; nobody was told). If the writer dies (killed, out of memory), every
+waiting caller hears why (its operation may or may not have been committed),
+and the next operation starts a new writer. A caller cancelled after its
+request was sent may still be committed, as a cancelled call to a database
+thread could be.
+
+Pickles cross only between the bot and its own child, over pipes that nothing
+else holds: text from Discord or a file is a string inside them, never a
+pickle that is loaded.
 
 The writer has its own connection to the same file (WAL): readers on the
 store's aiosqlite connection see a commit once it is acknowledged, and the two
@@ -45,6 +51,7 @@ the store must be a file.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import pickle
 import sqlite3
@@ -62,6 +69,7 @@ Result = tuple[bool, Any]  # (True, value) or (False, the exception it raised)
 MAX_BATCH = 256
 _HEADER = struct.Struct(">I")  # a frame: its length, then a pickle
 _ROOT = Path(__file__).resolve().parents[2]
+logger = logging.getLogger("nightshift.store")
 
 
 def frame(value: Any) -> bytes:
@@ -161,6 +169,8 @@ class GroupCommit:
         self._outbox: list[bytes] = []  # frames sent together at the end of this loop turn
         self._closed = False
         self._stopped: str | None = None  # why the writer is gone, once it is
+        self._restarting = asyncio.Lock()
+        self.restarts = 0
         self.batches = 0  # transactions committed (or failed): for benches and tests
         self.operations = 0
 
@@ -189,7 +199,7 @@ class GroupCommit:
         if self._closed:
             raise RuntimeError("the store is closed")
         if self._stopped is not None:
-            raise RuntimeError(self._stopped)
+            await self._restart()
         try:
             request = frame((name, args))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -201,6 +211,18 @@ class GroupCommit:
             asyncio.get_running_loop().call_soon(self._send)
         self._outbox.append(request)
         return await future
+
+    async def _restart(self) -> None:
+        async with self._restarting:  # one new writer for all the callers that find it gone
+            if self._stopped is None or self._closed:
+                return
+            logger.warning("%s; starting a new one", self._stopped)
+            if self._proc is not None and self._proc.returncode is None:
+                self._proc.kill()  # no longer answered: it must not write behind the new one
+                await self._proc.wait()
+            await self.start()
+            self._stopped = None
+            self.restarts += 1
 
     def _send(self) -> None:
         data, self._outbox = b"".join(self._outbox), []
