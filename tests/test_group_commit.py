@@ -7,15 +7,17 @@ import asyncio
 import os
 import signal
 import sqlite3
+import threading
+import time
 
 import pytest
 
 import bot.storage.store as store_module
-from bot.storage.group_commit import Batcher, GroupCommit
+from bot.storage.group_commit import MAX_BATCH, Batcher, GroupCommit, frame
 from bot.storage.history import HistoryCache
 from bot.storage.schema import step_values
 from bot.storage.store import Prefix, Step, Store
-from bot.storage.writer import bound
+from bot.storage.writer import Requests, bound
 
 
 @pytest.fixture
@@ -76,7 +78,8 @@ def test_a_batch_with_a_failing_operation_is_run_again_without_it(tmp_path):
     batcher = Batcher(str(path), 1000, on_begin=memory.sync, on_rollback=memory.clear)
     try:
         [(ok, (episode, _))] = batcher.commit([bound("start_turn", (
-            "e", "", 0.0, None, None, [Step(role="user", content="one")]), memory)])
+            "e", "", 0.0, None, None, [step_values(Step(role="user", content="one"), None)]),
+            memory)])
         batcher.commit([bound("channel_history", ("e", 10), memory)])  # kept in memory now
 
         def half_then_fail(db):
@@ -202,7 +205,9 @@ async def test_a_dead_writer_fails_its_waiting_callers_and_the_next_one_starts_a
 
 async def test_a_ctrl_c_for_the_console_does_not_stop_the_writer(store):
     episode, _ = await store.start_turn("w", None, [Step(role="user", content="hi")])
-    os.kill(store._commits._proc.pid, signal.SIGINT)
+    # A terminal's Ctrl-C goes to its foreground group: the writer is in a session of its own,
+    assert os.getsid(store._commits._proc.pid) != os.getsid(0)
+    os.kill(store._commits._proc.pid, signal.SIGINT)  # and ignores one sent to it anyway
     await asyncio.sleep(0.2)
     stored = await asyncio.wait_for(
         store.add_step(episode, Step(role="assistant", content="still here")), 10)
@@ -212,7 +217,36 @@ async def test_a_ctrl_c_for_the_console_does_not_stop_the_writer(store):
 async def test_arguments_that_cannot_be_sent_are_refused_before_anything_is_queued(store):
     with pytest.raises(ValueError, match="cannot be sent"):
         await store._commits.run("add_event", (lambda: None,))
-    assert await store.add_event("w", None, "note", {"still": "works"}) > 0
+    assert not store._commits._waiting
+    assert await asyncio.wait_for(store.add_event("w", None, "note", {"still": "works"}), 10) > 0
+
+
+async def test_a_caller_cancelled_mid_batch_leaves_the_others_their_own_answers(store):
+    episodes = [(await store.start_turn(f"k{i}", None, [Step(role="user", content="q")]))[0]
+                for i in range(3)]
+    calls = [asyncio.ensure_future(store.add_step(e, Step(role="assistant", content=f"a{e}")))
+             for e in episodes]
+    await asyncio.sleep(0)  # all three sent
+    calls[1].cancel()
+    first, last = await calls[0], await calls[2]
+    assert (first.episode_id, first.content) == (episodes[0], f"a{episodes[0]}")
+    assert (last.episode_id, last.content) == (episodes[2], f"a{episodes[2]}")
+    assert calls[1].cancelled()
+
+
+async def test_close_during_a_restart_waits_for_it_and_leaves_no_writer(tmp_path):
+    store = await Store.open(tmp_path / "store.db")
+    episode, _ = await store.start_turn("r", None, [Step(role="user", content="hi")])
+    store._commits._proc.kill()
+    await store._commits._proc.wait()
+    await asyncio.sleep(0.1)  # the answers' reader has seen the end
+    call = asyncio.ensure_future(store.add_step(episode, Step(role="assistant", content="x")))
+    await asyncio.sleep(0)  # it is starting a new writer
+    await asyncio.wait_for(store.close(), 30)
+    outcome = (await asyncio.gather(call, return_exceptions=True))[0]
+    # Either it got in before the close (stored) or it was told the store closed: never a hang.
+    assert getattr(outcome, "content", None) == "x" or "closed" in str(outcome)
+    assert store._commits._proc.returncode is not None  # the new writer was closed too
 
 
 def test_an_in_memory_store_is_refused_with_the_reason():
@@ -220,3 +254,41 @@ def test_an_in_memory_store_is_refused_with_the_reason():
         GroupCommit(":memory:", 1000)
     with pytest.raises(ValueError, match="must be a file"):
         asyncio.run(Store.open(":memory:"))
+
+
+def frames_in(*requests) -> bytes:
+    return b"".join(frame(r) for r in requests)
+
+
+def test_the_writer_reads_frames_split_across_reads_and_batches_what_is_waiting():
+    read_end, write_end = os.pipe()
+    requests = Requests(read_end)
+    data = frames_in(*[("channel_history", ("c", i)) for i in range(MAX_BATCH + 5)])
+    writer = threading.Thread(target=lambda: [os.write(write_end, data[:7]), time.sleep(0.2),
+                                              os.write(write_end, data[7:]), os.close(write_end)])
+    writer.start()
+    first = requests.batch()  # waits for the first whole frame, then takes what is ready
+    rest = []
+    while (batch := requests.batch()) is not None:
+        rest += batch
+    writer.join()
+    os.close(read_end)
+    got = first + rest
+    assert len(first) <= MAX_BATCH
+    assert [args[1] for _, args in got] == list(range(MAX_BATCH + 5))
+
+
+def test_the_writer_ignores_a_cut_frame_at_the_end_and_answers_an_unreadable_one_in_place():
+    read_end, write_end = os.pipe()
+    good = frame(("channel_history", ("c", 1)))
+    unreadable = frame(("x",))[:4] + b"\x80\x05not a pickle"
+    unreadable = len(unreadable[4:]).to_bytes(4, "big") + unreadable[4:]
+    os.write(write_end, good + unreadable + good + good[:5])
+    os.close(write_end)
+    requests = Requests(read_end)
+    batch = requests.batch()
+    assert requests.batch() is None  # the cut frame is no request
+    os.close(read_end)
+    assert [name for name, _ in batch] == ["channel_history", "", "channel_history"]
+    with pytest.raises(ValueError, match="could not read a request"):
+        bound(*batch[1], HistoryCache())(None)

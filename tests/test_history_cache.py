@@ -10,7 +10,8 @@ import sqlite3
 import pytest
 
 from bot.storage.group_commit import Batcher
-from bot.storage.history import HistoryCache, Received, read_history
+from bot.storage.history import HistoryCache, read_history
+from bot.storage.received import Received
 from bot.storage.schema import step_values
 from bot.storage.store import Step, Store
 from bot.storage.writer import bound
@@ -71,6 +72,9 @@ async def test_a_forgotten_episode_leaves_the_history_at_once(store):
     assert [s.content for s in await store.channel_history("dev", 20)] == ["secret", "kept"]
     await store.forget_episode(first)  # on the store's other connection
     assert [s.content for s in await store.channel_history("dev", 20)] == ["kept"]
+    kept = [step.content for steps in store._received._by_channel.values()
+            for step in steps.values()]
+    assert "secret" not in kept  # the bot's copies of the erased text are gone too
 
 
 async def test_another_process_step_is_seen(store, tmp_path):
@@ -106,7 +110,7 @@ async def test_a_batch_that_fails_to_commit_leaves_nothing_in_memory(store, tmp_
     writer = Writer(path)
     try:
         episode, _ = writer("start_turn", "d", "", 0.0, None, None,
-                            [Step(role="user", content="hi")])
+                            [step_values(Step(role="user", content="hi"), None)])
         assert writer.history("d") == ["hi"]
         real = writer.batcher.conn
 
@@ -186,7 +190,8 @@ async def test_a_turn_skips_the_channel_upsert_only_while_it_would_change_nothin
     writer.batcher.conn.set_trace_callback(statements.append)
 
     def turn(name: str, text: str) -> None:
-        writer("start_turn", "c1", name, 0.0, None, None, [Step(role="user", content=text)])
+        writer("start_turn", "c1", name, 0.0, None, None,
+               [step_values(Step(role="user", content=text), None)])
 
     try:
         turn("general", "a")
@@ -208,13 +213,26 @@ async def test_a_turn_skips_the_channel_upsert_only_while_it_would_change_nothin
 
 async def test_an_upsert_rolled_back_with_its_turn_is_not_remembered(store, tmp_path):
     path = tmp_path / "store.db"
+    writer = Writer(path)
+    good = step_values(Step(role="user", content="ok"), None)
+    bad = ("narrator", *good[1:])  # refused by the steps table's CHECK, after the upsert
+    try:
+        with pytest.raises(sqlite3.IntegrityError):
+            writer("start_turn", "new", "n", 0.0, None, None, [good, bad])
+        assert channel_name(path, "new") is None  # the whole turn was undone, the upsert too
+        # So the next turn must write the channel again, or its episode has no channel row.
+        episode, _ = writer("start_turn", "new", "n", 0.0, None, None, [good])
+        assert channel_name(path, "new") == "n"
+        assert writer.history("new") == ["ok"]
+    finally:
+        writer.batcher.close()
+
+
+async def test_a_step_that_cannot_be_stored_is_refused_before_it_is_sent(store, tmp_path):
     bad = Step(role="user", content="x")
-    bad.meta = {"unserialisable": object()}  # fails inside the turn's operation, after the upsert
-    with pytest.raises((TypeError, ValueError)):
+    bad.meta = {"unserialisable": object()}
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
         await store.start_turn("new", None, [Step(role="user", content="ok"), bad], name="n")
-    assert channel_name(path, "new") is None  # the whole turn was undone, the upsert too
-    # So the next turn must write the channel again, or its episode has no channel row.
+    assert channel_name(tmp_path / "store.db", "new") is None
     episode, _ = await store.start_turn("new", None, [Step(role="user", content="hi")], name="n")
-    assert channel_name(path, "new") == "n"
     assert [s.content for s in await store.channel_history("new", 20)] == ["hi"]
-    assert episode > 0

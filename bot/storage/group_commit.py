@@ -67,6 +67,9 @@ Result = tuple[bool, Any]  # (True, value) or (False, the exception it raised)
 
 # A bound on one transaction's size, so one batch never holds the write lock for long.
 MAX_BATCH = 256
+# How long close() waits for the writer to answer what was sent, then end: a few batches
+# that each wait out SQLite's busy timeout (10 s) for another process's lock.
+CLOSE_TIMEOUT_S = 60.0
 _HEADER = struct.Struct(">I")  # a frame: its length, then a pickle
 _ROOT = Path(__file__).resolve().parents[2]
 logger = logging.getLogger("nightshift.store")
@@ -178,28 +181,30 @@ class GroupCommit:
         """Start the writer and wait until its connection is open (or say why not)."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        self._proc = await asyncio.create_subprocess_exec(
+        self._proc = proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bot.storage.writer", self._path, str(self._busy_timeout_ms),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
             start_new_session=True, limit=1 << 24)
         try:
             [(ok, value)] = await self._answer()
-        except (asyncio.IncompleteReadError, ValueError):
-            code = await self._proc.wait()
-            raise RuntimeError(f"the store's writer process did not start (exit {code}; "
-                               "its error is on stderr)") from None
+        except BaseException as exc:  # cancelled, or it died or said something else: no orphan
+            await _end(proc)
+            if isinstance(exc, Exception):
+                raise RuntimeError(f"the store's writer process did not start (exit "
+                                   f"{proc.returncode}; its error is on stderr)") from None
+            raise
         if not ok:
-            await self._proc.wait()
+            await _end(proc)
             raise value
         self._reader = asyncio.create_task(self._read(), name="store-writer-answers")
 
     async def run(self, name: str, *args: Any) -> Any:
         """Run operation ``name`` (``bot.storage.operations``) in the next group
         transaction; its result once that has committed."""
-        if self._closed:
-            raise RuntimeError("the store is closed")
         if self._stopped is not None:
             await self._restart()
+        if self._closed:  # checked after the restart too: close() may have run meanwhile
+            raise RuntimeError("the store is closed")
         try:
             request = frame((name, args))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -217,9 +222,7 @@ class GroupCommit:
             if self._stopped is None or self._closed:
                 return
             logger.warning("%s; starting a new one", self._stopped)
-            if self._proc is not None and self._proc.returncode is None:
-                self._proc.kill()  # no longer answered: it must not write behind the new one
-                await self._proc.wait()
+            await _end(self._proc)  # no longer answered: it must not write behind the new one
             await self.start()
             self._stopped = None
             self.restarts += 1
@@ -268,13 +271,33 @@ class GroupCommit:
         if self._closed:
             return
         self._closed = True
-        if self._proc is None:
-            return
-        if self._outbox:
-            self._send()
-        if self._proc.stdin is not None and not self._proc.stdin.is_closing():
-            self._proc.stdin.close()
-        if self._reader is not None:
-            await self._reader  # answers everything sent, then sees the end
-            self._reader = None
-        await self._proc.wait()
+        async with self._restarting:  # a restart under way finishes first, then is closed
+            if self._proc is None:
+                return
+            if self._outbox:
+                self._send()
+            if not self._proc.stdin.is_closing():
+                self._proc.stdin.close()
+            if self._reader is not None:
+                try:  # it answers everything sent, then ends
+                    await asyncio.wait_for(asyncio.shield(self._reader), CLOSE_TIMEOUT_S)
+                except TimeoutError:
+                    logger.error("the store's writer did not finish in %.0f s; it is killed, "
+                                 "and what it had not answered may not be stored",
+                                 CLOSE_TIMEOUT_S)
+                    await _end(self._proc)
+                    await self._reader
+                self._reader = None
+            await _end(self._proc)
+
+
+async def _end(proc: asyncio.subprocess.Process | None) -> None:
+    """``proc`` stopped: killed if it still runs, and waited for."""
+    if proc is None:
+        return
+    if proc.returncode is None:
+        try:
+            proc.kill()
+        except ProcessLookupError:  # it ended between the check and the kill
+            pass
+    await proc.wait()

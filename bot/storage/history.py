@@ -1,10 +1,10 @@
-"""The channels' recent steps, kept in memory on the store's commit thread.
+"""The channels' recent steps, kept in memory by the store's writer process.
 
 Every turn reads its channel's last ~20 steps back (``Store.channel_history``).
 Read from SQLite, that is 20 rows turned back into steps with their JSON, on
-every turn: it was about half of the commit thread's time per turn
+every turn: it was about half of the store's commit work per turn
 (bench/agent.py). Those steps were, almost always, written a moment before by
-this same connection, so the cache keeps them as they were stored.
+the writer's own connection, so the cache keeps them as they were stored.
 
 It stays honest with three rules:
 
@@ -20,19 +20,19 @@ It stays honest with three rules:
   inserted it, as its last action, so a step whose operation raised never
   enters. A batch rolled back whole (its COMMIT failed, or one operation raised
   and the batch is run again apart) empties the cache
-  (``GroupCommit(on_rollback=...)``).
+  (``Batcher(on_rollback=...)``).
 - **Bounds.** At most ``keep`` steps for each of at most ``channels``
   channels, the least recently used dropped first; a read for more than is
   kept goes to SQLite.
 
 The same rules keep ``names``: each channel's name as this connection last
-wrote it, so that a turn's start skips the channel upsert when it would change
-nothing (a statement on every turn, on the commit thread that bounds the
-harness's throughput).
+wrote it, so that a turn's start (``bot.storage.operations.start_turn``) skips
+the channel upsert when it would change nothing: a statement fewer on every
+turn.
 
-Everything here runs on the commit thread only, so it needs no lock. The
-steps are shared with the callers: they are read-only by convention, as they
-were when each read built new ones.
+Everything here runs in the writer process, one batch at a time, so it needs
+no lock. What a read returns goes to the bot pickled, or as step ids
+(``bot.storage.received``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class HistoryCache:
         self.keep, self.channels = keep, channels
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
         self._version: int | None = None
-        # channel -> the name this connection last upserted (Store.start_turn); bounded
+        # channel -> the name this connection last upserted (operations.start_turn); bounded
         # like the steps, since a long-lived bot may see many channels.
         self.names: OrderedDict[str, str] = OrderedDict()
         self.hits = self.misses = 0  # for tests and benches
@@ -142,45 +142,3 @@ def read_history(db: sqlite3.Connection, channel_id: str, limit: int) -> list[St
     names = [column[0] for column in cursor.description]
     return [stored_step(dict(zip(names, r))) for r in reversed(rows)]
 
-
-class Received:
-    """The bot's side: the steps the writer process sent it lately, by channel and id.
-
-    A history read answered from the writer's memory comes back as step ids
-    alone: every step in that memory was sent to the bot whole when it entered
-    (as the result of the write that stored it, or in a read from SQLite), so
-    the bot has it, as it was sent, unless it has let it go here. Unpickling
-    twenty steps on every turn was a third of the bot's loop time per turn
-    (bench/agent.py). A step missing here is asked for again, whole
-    (``Store.channel_history``): what is kept here makes reads cheap, never
-    decides what they say."""
-
-    def __init__(self, keep: int = 128, channels: int = 512) -> None:
-        self.keep, self.channels = keep, channels
-        self._by_channel: OrderedDict[str, OrderedDict[int, StoredStep]] = OrderedDict()
-        self.hits = self.misses = 0  # reads answered by ids found here, or not: for tests
-
-    def add(self, steps: list[StoredStep]) -> None:
-        for step in steps:
-            kept = self._by_channel.get(step.channel_id)
-            if kept is None:
-                kept = self._by_channel[step.channel_id] = OrderedDict()
-                while len(self._by_channel) > self.channels:
-                    self._by_channel.popitem(last=False)
-            kept[step.id] = step  # the latest version sent (an erasure rewrites a step)
-            kept.move_to_end(step.id)
-            if len(kept) > self.keep:
-                kept.popitem(last=False)
-
-    def steps(self, channel_id: str, ids: list[int]) -> list[StoredStep] | None:
-        """The steps with these ids, in that order, or None if any is not kept."""
-        kept = self._by_channel.get(channel_id, {})
-        if channel_id in self._by_channel:
-            self._by_channel.move_to_end(channel_id)
-        try:
-            found = [kept[i] for i in ids]
-        except KeyError:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return found

@@ -64,7 +64,9 @@ class LabelBook:
             await db.execute(
                 "DELETE FROM prompt_prefixes WHERE EXISTS (SELECT 1 FROM "
                 "json_each(prompt_prefixes.sources) WHERE json_each.value = ?)", (episode_id,))
-            return cur.rowcount
+            erased = cur.rowcount
+        self._received.clear()  # the bot's copies of steps, the erased text among them
+        return erased
 
     async def is_forgotten(self, episode_id: int) -> bool:
         rows = await self._fetch("SELECT forgotten_at FROM episodes WHERE id = ?", (episode_id,))

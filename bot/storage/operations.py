@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from bot.storage.history import HistoryCache
 from bot.storage.prefixes import INSERT_PREFIX
-from bot.storage.schema import Step, StoredStep, insert_step, step_values
+from bot.storage.schema import StoredStep, insert_step
 
 
 def missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
@@ -30,9 +30,10 @@ def missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
 
 def start_turn(db: sqlite3.Connection, memory: HistoryCache, channel_id: str, name: str,
                now: float, model_version: str | None, prefix: tuple | None,
-               steps: list[Step]) -> tuple[int, list[StoredStep]]:
+               steps: list[tuple]) -> tuple[int, list[StoredStep]]:
     """The channel (upserted when its name may have changed), a new episode, the turn's
-    prompt prefix (``Prefix.values()``) and its first steps."""
+    prompt prefix (``Prefix.values()``) and its first steps (``step_values`` without the
+    episode, which is made here)."""
     if not memory.knows_name(channel_id, name):
         db.execute(
             "INSERT INTO channels (id, name, created_at) VALUES (?, ?, ?) ON CONFLICT "
@@ -44,7 +45,7 @@ def start_turn(db: sqlite3.Connection, memory: HistoryCache, channel_id: str, na
         (channel_id, now, model_version)).lastrowid
     if prefix is not None:
         db.execute(INSERT_PREFIX, prefix)
-    stored = [insert_step(db, step_values(step, episode_id)) for step in steps]
+    stored = [insert_step(db, (*values[:-1], episode_id)) for values in steps]
     for step in stored:  # the last actions: nothing after them can roll them back
         memory.appended(step)
     memory.wrote_name(channel_id, name)

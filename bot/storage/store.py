@@ -33,7 +33,7 @@ from pathlib import Path
 import aiosqlite
 
 from bot.storage.group_commit import GroupCommit
-from bot.storage.history import Received
+from bot.storage.received import Received
 from bot.storage.jobs import JobBook
 from bot.storage.labels import LabelBook
 from bot.storage.ledger import NightLedger
@@ -76,7 +76,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         # The turns' steps, ends, events and history reads: batched by the store's writer
         # process (bot.storage.group_commit), which keeps the channels' recent steps.
         self._commits = commits
-        self._received = Received()  # the steps it sent lately: history reads come as ids
+        self._received = Received()  # the steps the writer sent lately (reads come as ids)
 
     # -- lifetime -------------------------------------------------------------
 
@@ -219,9 +219,12 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             check_step(step)
         now = time.time()
 
+        # Plain values cross to the writer, never objects it might fail to load: the
+        # episode id, which only the writer knows, goes in at the end of each.
         episode_id, stored = await self._commits.run(
             "start_turn", channel_id, name, now, model_version,
-            None if prefix is None else prefix.values(), steps)
+            None if prefix is None else prefix.values(),
+            [step_values(step, None) for step in steps])
         self._received.add(stored)
         return episode_id, stored
 
@@ -251,9 +254,10 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
     async def channel_history(self, channel_id: str, limit: int) -> list[StoredStep]:
         """The channel's last ``limit`` steps across episodes, oldest first; forgotten
         episodes are left out. Read in the group commit's queue: it sees every step
-        acknowledged before it was asked, and costs no hop of its own. The steps come
-        from memory when this connection stored them (``bot.storage.history``); they
-        are shared, so callers must not change them."""
+        acknowledged before it was asked, and costs no hop of its own. The writer
+        answers from its memory when it can (``bot.storage.history``), by ids of steps
+        this process was sent (``bot.storage.received``); the steps are shared, so
+        callers must not change them."""
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         kind, found = await self._commits.run("channel_history", channel_id, limit)
@@ -262,7 +266,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             if steps is not None:
                 return steps
             kind, found = await self._commits.run("channel_history", channel_id, limit, True)
-        self._received.add(found)
+        self._received.replace(channel_id, found, limit)
         return found
 
     async def episodes_since(self, since: float, channel_id: str | None = None) -> list[Episode]:

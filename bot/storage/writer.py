@@ -62,18 +62,24 @@ class Requests:
             if len(self._buffer) - at - _HEADER.size < size:
                 break
             start = at + _HEADER.size
-            found.append(pickle.loads(self._buffer[start:start + size]))
+            try:
+                found.append(pickle.loads(self._buffer[start:start + size]))
+            except Exception as exc:  # noqa: BLE001 - its caller hears it; the rest go on
+                found.append(("", (exc,)))  # answered in its place, so answers stay in order
             at = start + size
         del self._buffer[:at]
         return found
 
 
 def bound(name: str, args: tuple, memory: HistoryCache) -> Operation:
+    """The request as an operation of the connection; one that cannot be run raises."""
     function = OPERATIONS.get(name)
     if function is None:
-        def unknown(db: Any) -> None:
+        def refused(db: Any) -> None:
+            if not name and args and isinstance(args[0], Exception):  # a frame that did not load
+                raise ValueError(f"the store's writer could not read a request: {args[0]!r}")
             raise ValueError(f"unknown store operation {name!r}")
-        return unknown
+        return refused
     return lambda db: function(db, memory, *args)
 
 
