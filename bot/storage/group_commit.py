@@ -70,14 +70,14 @@ MAX_BATCH = 256
 # How long close() waits for the writer to answer what was sent, then end: a few batches
 # that each wait out SQLite's busy timeout (10 s) for another process's lock.
 CLOSE_TIMEOUT_S = 60.0
-_HEADER = struct.Struct(">I")  # a frame: its length, then a pickle
+FRAME_HEADER = struct.Struct(">I")  # a frame: its length, then a pickle
 _ROOT = Path(__file__).resolve().parents[2]
 logger = logging.getLogger("nightshift.store")
 
 
 def frame(value: Any) -> bytes:
     data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
+    return FRAME_HEADER.pack(len(data)) + data
 
 
 def _refuse_memory(path: str) -> None:
@@ -233,7 +233,8 @@ class GroupCommit:
             self._proc.stdin.write(data)  # if the writer is gone, _read fails the callers
 
     async def _answer(self) -> list[Result]:
-        (size,) = _HEADER.unpack(await self._proc.stdout.readexactly(_HEADER.size))
+        header = await self._proc.stdout.readexactly(FRAME_HEADER.size)
+        (size,) = FRAME_HEADER.unpack(header)
         return pickle.loads(await self._proc.stdout.readexactly(size))
 
     async def _read(self) -> None:

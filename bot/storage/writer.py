@@ -21,7 +21,8 @@ import signal
 import sys
 from typing import Any
 
-from bot.storage.group_commit import _HEADER, MAX_BATCH, Batcher, Operation, Result, frame
+from bot.storage.group_commit import (FRAME_HEADER, MAX_BATCH, Batcher, Operation, Result,
+                                      frame)
 from bot.storage.history import HistoryCache
 from bot.storage.operations import OPERATIONS
 
@@ -57,11 +58,11 @@ class Requests:
 
     def _frames(self, most: int = MAX_BATCH) -> list[Any]:
         found, at = [], 0
-        while len(found) < most and len(self._buffer) - at >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(self._buffer, at)
-            if len(self._buffer) - at - _HEADER.size < size:
+        while len(found) < most and len(self._buffer) - at >= FRAME_HEADER.size:
+            (size,) = FRAME_HEADER.unpack_from(self._buffer, at)
+            if len(self._buffer) - at - FRAME_HEADER.size < size:
                 break
-            start = at + _HEADER.size
+            start = at + FRAME_HEADER.size
             try:
                 found.append(pickle.loads(self._buffer[start:start + size]))
             except Exception as exc:  # noqa: BLE001 - its caller hears it; the rest go on
