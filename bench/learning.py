@@ -25,6 +25,11 @@ Steps, all through the real agent, llama.cpp server, sandbox and trainer:
 The held-out items that have an exact answer are also given to the night's
 gate as probes (``night.probes_file``). ``train.max_tokens`` is set to the
 served context, so that rows carrying the tool list are not dropped.
+``--keep DIR`` also keeps a copy of the data folder as the day left it (before
+the night); ``--day DIR`` starts from that copy and runs only steps 3-5, so
+that two nights' settings (``--lr``, ``--batch``, ...) are compared on one
+day: the figures then differ only by the night, not by the practice's
+sampling at temperature 0.8, which alone moved the mean by ~10 pp between runs.
 ``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
 most 3 agent steps a turn, with 4 tools offered instead of all of them: a
 check that the path works, not a measurement.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -161,31 +167,72 @@ async def serve_candidate(rt: Runtime, release_id: int) -> str:
             "served anyway to measure it, as the product would not.")
 
 
+DAY = "day.json"  # a kept day's "before" answers and where its practice began
+
+
+async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
+              result: dict) -> float:
+    """Steps 1 and 2: the held-out items before, then the practice; returns when it began."""
+    t0 = time.monotonic()
+    for family, pset in held.items():
+        result["before"][family] = await evaluate(rt, pset, "before")
+    result["before_s"] = time.monotonic() - t0
+    since = time.time()
+    t0 = time.monotonic()
+    for family, (train_path, _) in sets.items():
+        print((await run_practice(rt, train_path, args.samples)).splitlines()[1], flush=True)
+    result["practice_s"] = time.monotonic() - t0
+    return since
+
+
+def save_day(work: Path, result: dict, since: float) -> None:
+    """Copy the data folder as the practice left it (the runtime is closed), so that
+    ``--day`` can run other nights on this same day: settings compared on one day differ
+    only by the night, not by the practice's sampling."""
+    shutil.copytree(work / "data", work / "day", symlinks=True, copy_function=_copy_file)
+    (work / "day" / DAY).write_text(json.dumps({"since": since, **result}))
+
+
+def _copy_file(src: str, dst: str) -> None:
+    if Path(src).is_file():  # a socket or fifo a process left behind is not data
+        shutil.copy2(src, dst)
+
+
+def load_day(source: Path, work: Path) -> tuple[dict, float]:
+    """A day kept by ``--keep`` (its data folder before the night) copied into ``work``."""
+    kept = source / "day"
+    if not (kept / DAY).is_file():
+        raise SystemExit(f"{source} holds no kept day ({kept / DAY} is missing): run the bench "
+                         "with --keep DIR first")
+    shutil.copytree(kept, work / "data", symlinks=True, copy_function=_copy_file)
+    saved = json.loads((work / "data" / DAY).read_text())
+    since = saved.pop("since")
+    return {**saved, "after": {}, "day_from": str(source)}, since
+
+
 async def run(args: argparse.Namespace, work: Path) -> dict:
+    if args.day:
+        result, since = load_day(args.day, work)
     sets, probes = write_sets(work, args)
     config = load_config(write_config(work, args, probes))
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps}; chat format "
-          f"{args.chat_format}", flush=True)
+          f"{args.chat_format}" + (f"; the day kept in {args.day}" if args.day else ""),
+          flush=True)
+    held = {f: load_set(paths[1]) for f, paths in sets.items()}
+    if not args.day:
+        result = {"before": {}, "after": {}}
+        rt = await Runtime.start(config)
+        rt.practice_listeners.append(show)
+        try:
+            since = await day(rt, args, sets, held, result)
+        finally:
+            await rt.close()
+        if args.keep:
+            save_day(work, result, since)
     rt = await Runtime.start(config)
-
-    async def show(line: str) -> None:
-        print("  " + line, flush=True)
-
-    rt.practice_listeners.append(show)
-    result: dict = {"before": {}, "after": {}}
     try:
-        held = {f: load_set(paths[1]) for f, paths in sets.items()}
-        t0 = time.monotonic()
-        for family, pset in held.items():
-            result["before"][family] = await evaluate(rt, pset, "before")
-        result["before_s"] = time.monotonic() - t0
-        since = time.time()
-        t0 = time.monotonic()
-        for family, (train_path, _) in sets.items():
-            print((await run_practice(rt, train_path, args.samples)).splitlines()[1], flush=True)
-        result["practice_s"] = time.monotonic() - t0
         result["night"] = await night(rt, since, args.night_timeout)
         release_id = result["night"]["job"]["progress"].get("release_id")
         if release_id is not None:
@@ -195,6 +242,10 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     finally:
         await rt.close()
     return result
+
+
+async def show(line: str) -> None:
+    print("  " + line, flush=True)
 
 
 def report(result: dict, started: float) -> None:
@@ -232,8 +283,10 @@ def report(result: dict, started: float) -> None:
               + "; ".join(gate.get("reasons") or []))
     elif job.get("error"):
         print(f"night error: {job['error'].splitlines()[0][:300]}")
+    kept = f" (the day kept in {result['day_from']})" if result.get("day_from") else ""
     print(f"before {result.get('before_s', 0):.0f} s, practice {result.get('practice_s', 0):.0f}"
-          f" s; whole benchmark {time.monotonic() - started:.0f} s")
+          f" s{kept}; {'this run' if kept else 'whole benchmark'} "
+          f"{time.monotonic() - started:.0f} s")
 
 
 def main() -> None:
@@ -260,9 +313,15 @@ def main() -> None:
                         help="agent.tools: the tools offered (default: auto, the product's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--night-timeout", type=float, default=3600.0)
-    parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
+    parser.add_argument("--keep", type=Path, help="work in this directory and keep it, with "
+                        "a copy of the day before the night (for --day)")
+    parser.add_argument("--day", type=Path, help="skip the day: take the held-out answers "
+                        "before and the practice from a directory kept by --keep (same families, "
+                        "items and seed), and run only the night and the answers after")
     parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
     args = parser.parse_args()
+    if args.day and args.keep and args.day.resolve() == args.keep.resolve():
+        parser.error("--day and --keep must be different directories")
     if args.quick:
         args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
         args.tools = args.tools or QUICK_TOOLS

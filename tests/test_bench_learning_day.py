@@ -1,0 +1,49 @@
+"""bench/learning.py's kept day: ``--keep`` copies the data folder as the practice left
+it, and ``--day`` starts another night from that copy, untouched by the first night."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))  # learning.py imports its sibling modules by name
+spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench/learning.py")
+learning = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(learning)
+
+
+def test_a_kept_day_is_restored_as_it_was_before_the_night(tmp_path):
+    first = tmp_path / "first"
+    (first / "data" / "workspaces").mkdir(parents=True)
+    (first / "data" / "nightshift.db").write_bytes(b"the day's store")
+    (first / "data" / "workspaces" / "a.txt").write_text("practice output")
+    listener = socket.socket(socket.AF_UNIX)  # a socket left behind is not data to copy
+    listener.bind(str(first / "data" / "s"))
+    try:
+        learning.save_day(first, {"before": {"protocol": [0.0, 1.0]}, "before_s": 12.0}, 99.5)
+    finally:
+        listener.close()
+    assert not (first / "day" / "s").exists()
+    (first / "data" / "nightshift.db").write_bytes(b"after the first night")
+
+    second = tmp_path / "second"
+    second.mkdir()
+    result, since = learning.load_day(first, second)
+    assert since == 99.5
+    assert result == {"before": {"protocol": [0.0, 1.0]}, "before_s": 12.0, "after": {},
+                      "day_from": str(first)}
+    assert (second / "data" / "nightshift.db").read_bytes() == b"the day's store"
+    assert (second / "data" / "workspaces" / "a.txt").read_text() == "practice output"
+
+
+def test_a_folder_without_a_kept_day_is_refused_with_what_to_do(tmp_path):
+    (tmp_path / "work").mkdir()
+    with pytest.raises(SystemExit, match="--keep DIR first"):
+        learning.load_day(tmp_path, tmp_path / "work")
+    assert not os.listdir(tmp_path / "work")
