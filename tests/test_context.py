@@ -135,6 +135,26 @@ async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
     assert "earlier question" not in observed + trained  # the history is context only
 
 
+async def test_a_demonstrations_advantage_follows_it_into_one_row_of_a_split_episode(
+        store, tmp_path):
+    """Kept for the night's centring: counted once, in the row that imitates it."""
+    script = summarising([say(f"answer {i}.") for i in range(3)] + [
+        call("add", {"a": 2, "b": 3, "note": "z" * 900}), say("It is 5.")])
+    agent, _, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
+                             max_reply_tokens=64, system_prompt="Be brief.")
+    agent.config.model.context_tokens = 600
+    await _three_earlier_turns(agent)
+    result = await agent.turn("general", "add 2 and 3")
+    episode = (await _episodes(store))[result.episode_id]
+    last = max(i for i, s in enumerate(episode.steps) if s.role == "assistant")
+    episode.steps[last].meta = {**episode.steps[last].meta, "demonstration": True}
+    prefixes = await store.prompt_prefixes(prefix_refs([episode]))
+    rows, why = with_context(_row(episode), episode, prefixes)
+    assert why is None and len(rows) == 2
+    assert [r["imitated_advantages"] for r in rows] == [[], [pytest.approx(0.48)]]  # 0.5 - a turn
+    assert len(rows[1]["imitate"]) == 1
+
+
 async def test_an_episode_without_a_stored_prompt_trains_on_its_own_messages(
         store, tmp_path, tokenizer):
     agent, _, _ = make_agent(store, [call("add", {"a": 1, "b": 1}), say("2.")], tmp_path)

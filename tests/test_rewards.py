@@ -248,7 +248,7 @@ def test_the_night_reads_the_practice_runners_events_as_verifier_rewards():
     assert unjudged.reward is None and "timed out" in unjudged.error
 
 
-def test_a_demonstration_is_listed_for_imitation_and_left_out_of_oapl_and_the_centring():
+def test_a_demonstration_is_listed_for_imitation_left_out_of_oapl_and_kept_in_the_centring():
     from trainer.advantages import centre
 
     steps = [_step(0, "system", "sys"), _step(1, "user", "What is 3 times 9?"),
@@ -262,8 +262,29 @@ def test_a_demonstration_is_listed_for_imitation_and_left_out_of_oapl_and_the_ce
     tried_row, _ = episode_row(tried, "train", {105: [-0.2]}, None, set(), NightConfig())
     assert demo_row["imitate"] == [2] and demo_row["advantages"][2] is None
     assert table[0]["advantage"] == pytest.approx(0.8)  # the report still shows it
-    assert tried_row["imitate"] == []
-    assert centre([demo_row, tried_row], []) == pytest.approx(-0.2)  # the attempt alone
+    assert tried_row["imitate"] == [] and demo_row["imitated_advantages"] == [pytest.approx(0.8)]
+    assert centre([demo_row, tried_row], []) == pytest.approx(0.3)  # both: a group is centred whole
+    assert tried_row["advantages"][2] == pytest.approx(-0.5)  # the failed attempt stays negative
+
+
+def test_a_group_of_failed_attempts_beside_its_reference_centres_to_zero_and_stays_negative():
+    """The practice night's case: four failed attempts (-1) and the reference (+1);
+    the group mean -0.6 gives -0.4 and +1.6. Centred without the reference, the
+    attempts' own mean (-0.4) would be taken away and leave them at 0."""
+    from trainer.advantages import centre
+
+    def row(episode_id, text, advantage, demo):
+        steps = [_step(10 * episode_id, "system", "sys"),
+                 _step(10 * episode_id + 1, "user", "What is 3 times 9?"),
+                 _step(10 * episode_id + 2, "assistant", text)]
+        steps[2].meta = {"demonstration": True} if demo else {}
+        episode = Episode(episode_id, "c", 0.0, 1.0, "complete", None, steps)
+        answer = steps[2].id
+        return episode_row(episode, "train", {answer: [advantage]}, None, set(), NightConfig())[0]
+
+    rows = [row(1, "27", 1.6, True), *(row(k, "26", -0.4, False) for k in range(2, 6))]
+    assert centre(rows, []) == pytest.approx(0.0)
+    assert all(r["advantages"][2] == pytest.approx(-0.4) for r in rows[1:])
 
 
 async def test_the_judge_reads_at_most_judge_checked_max_checked_channels(store, tmp_path, embedder):
