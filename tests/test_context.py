@@ -58,6 +58,19 @@ async def _three_earlier_turns(agent):
         await agent.turn("general", f"earlier question {i}")
 
 
+async def _compacted_mid_turn(store, tmp_path):
+    """The episode of a turn after 3 earlier ones, whose long call overflows the
+    context: the history is summarised between its two assistant steps."""
+    script = summarising([say(f"answer {i}.") for i in range(3)] + [
+        call("add", {"a": 2, "b": 3, "note": "z" * 900}), say("It is 5.")])
+    agent, _, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
+                             max_reply_tokens=64, system_prompt="Be brief.")
+    agent.config.model.context_tokens = 600
+    await _three_earlier_turns(agent)
+    result = await agent.turn("general", "add 2 and 3")
+    return (await _episodes(store))[result.episode_id]
+
+
 async def test_a_turn_of_several_steps_stores_one_prefix_with_the_history(store, tmp_path):
     script = [say(f"answer {i}.") for i in range(3)] + [
         call("add", {"a": 2, "b": 3}), call("add", {"a": 5, "b": 1}, "call_2"), say("It is 6.")]
@@ -102,15 +115,8 @@ async def test_every_step_is_rendered_from_exactly_the_messages_it_was_sent(stor
 
 async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
         store, tmp_path, tokenizer):
-    script = summarising([say(f"answer {i}.") for i in range(3)] + [
-        call("add", {"a": 2, "b": 3, "note": "z" * 900}), say("It is 5.")])
-    agent, llm, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
-                               max_reply_tokens=64, system_prompt="Be brief.")
-    agent.config.model.context_tokens = 600  # the long call overflows it: compact mid-turn
-    await _three_earlier_turns(agent)
-    result = await agent.turn("general", "add 2 and 3")
+    episode = await _compacted_mid_turn(store, tmp_path)
     assert len(await store.events("compaction")) == 1
-    episode = (await _episodes(store))[result.episode_id]
     prefixes = await store.prompt_prefixes(prefix_refs([episode]))
     first, second = [s.meta["context"] for s in episode.steps if s.role == "assistant"]
     assert first["prefix"] != second["prefix"]
@@ -138,14 +144,7 @@ async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
 async def test_a_demonstrations_advantage_follows_it_into_one_row_of_a_split_episode(
         store, tmp_path):
     """Kept for the night's centring: counted once, in the row that imitates it."""
-    script = summarising([say(f"answer {i}.") for i in range(3)] + [
-        call("add", {"a": 2, "b": 3, "note": "z" * 900}), say("It is 5.")])
-    agent, _, _ = make_agent(store, script, tmp_path, keep_recent_messages=2,
-                             max_reply_tokens=64, system_prompt="Be brief.")
-    agent.config.model.context_tokens = 600
-    await _three_earlier_turns(agent)
-    result = await agent.turn("general", "add 2 and 3")
-    episode = (await _episodes(store))[result.episode_id]
+    episode = await _compacted_mid_turn(store, tmp_path)
     last = max(i for i, s in enumerate(episode.steps) if s.role == "assistant")
     episode.steps[last].meta = {**episode.steps[last].meta, "demonstration": True}
     prefixes = await store.prompt_prefixes(prefix_refs([episode]))
