@@ -141,17 +141,16 @@ async def test_a_compaction_summary_is_in_the_prefix_and_starts_a_second_row(
     assert "earlier question" not in observed + trained  # the history is context only
 
 
-async def test_a_demonstrations_advantage_follows_it_into_one_row_of_a_split_episode(
-        store, tmp_path):
-    """Kept for the night's centring: counted once, in the row that imitates it."""
+async def test_a_demonstration_is_imitated_in_one_row_of_a_split_episode(store, tmp_path):
     episode = await _compacted_mid_turn(store, tmp_path)
     last = max(i for i, s in enumerate(episode.steps) if s.role == "assistant")
     episode.steps[last].meta = {**episode.steps[last].meta, "demonstration": True}
     prefixes = await store.prompt_prefixes(prefix_refs([episode]))
     rows, why = with_context(_row(episode), episode, prefixes)
     assert why is None and len(rows) == 2
-    assert [r["imitated_advantages"] for r in rows] == [[], [pytest.approx(0.48)]]  # 0.5 - a turn
-    assert len(rows[1]["imitate"]) == 1
+    assert rows[0]["imitate"] == [] and len(rows[1]["imitate"]) == 1
+    imitated = rows[1]["messages"][rows[1]["imitate"][0]]
+    assert imitated["content"] == episode.steps[last].content
 
 
 async def test_an_episode_without_a_stored_prompt_trains_on_its_own_messages(

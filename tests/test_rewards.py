@@ -13,7 +13,16 @@ from bot.storage.schema import Episode, StoredStep
 from bot.storage.store import Store
 from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
 from trainer.advantages import episode_row
-from trainer.rewards import VERIFIER_EVENT, person_reward, read_verifier_event, verifier_rewards
+from trainer.judge import SubTask
+from trainer.rewards import (
+    REFERENCE,
+    VERIFIER_EVENT,
+    group_relative,
+    person_reward,
+    read_verifier_event,
+    task_advantages,
+    verifier_rewards,
+)
 
 
 @pytest.fixture(scope="module")
@@ -248,43 +257,54 @@ def test_the_night_reads_the_practice_runners_events_as_verifier_rewards():
     assert unjudged.reward is None and "timed out" in unjudged.error
 
 
-def test_a_demonstration_is_listed_for_imitation_left_out_of_oapl_and_kept_in_the_centring():
-    from trainer.advantages import centre
-
+def test_a_demonstration_is_listed_for_imitation_and_left_out_of_oapl():
     steps = [_step(0, "system", "sys"), _step(1, "user", "What is 3 times 9?"),
              _step(2, "assistant", "27")]
     steps[2].meta = {"demonstration": True}
     demo = Episode(1, "c", 0.0, 1.0, "complete", None, steps)
-    tried = Episode(2, "c", 0.0, 1.0, "complete", None,
-                    [_step(0, "system", "sys"), _step(1, "user", "What is 3 times 9?"),
-                     _step(5, "assistant", "3 times 9 is 27.")])
     demo_row, table = episode_row(demo, "train", {102: [0.8]}, None, set(), NightConfig())
-    tried_row, _ = episode_row(tried, "train", {105: [-0.2]}, None, set(), NightConfig())
     assert demo_row["imitate"] == [2] and demo_row["advantages"][2] is None
-    assert table[0]["advantage"] == pytest.approx(0.8)  # the report still shows it
-    assert tried_row["imitate"] == [] and demo_row["imitated_advantages"] == [pytest.approx(0.8)]
-    assert centre([demo_row, tried_row], []) == pytest.approx(0.3)  # both: a group is centred whole
-    assert tried_row["advantages"][2] == pytest.approx(-0.5)  # the failed attempt stays negative
+    assert table[0]["advantage"] == pytest.approx(0.8)  # the report still shows a value given
 
 
-def test_a_group_of_failed_attempts_beside_its_reference_centres_to_zero_and_stays_negative():
-    """The practice night's case: four failed attempts (-1) and the reference (+1);
-    the group mean -0.6 gives -0.4 and +1.6. Centred without the reference, the
-    attempts' own mean (-0.4) would be taken away and leave them at 0."""
+def _attempt(k: int, reward: float, length: int = 1, check: str = "exact") -> SubTask:
+    return SubTask("c", 0, 1, "3 times 9", reward, length, "verifier", f"e{k}", check, "drill:t:1")
+
+
+def test_a_group_that_all_failed_has_no_advantage_and_its_reference_none():
+    """Pushed down whole, a failed group pushes down what its attempts did right too; the
+    reference (check "reference") is imitated, and is not in the group's mean."""
+    subtasks = [*(_attempt(k, -1.0, length=k) for k in range(4)),
+                _attempt(9, 1.0, check=REFERENCE)]
+    assert task_advantages(subtasks, {}, NightConfig()) == {}
+    assert group_relative(subtasks)["drill:t:1"] == subtasks[:4]
+
+
+def test_a_mixed_group_is_measured_against_its_attempts_mean_not_its_reference():
+    subtasks = [_attempt(0, 1.0), *(_attempt(k, -1.0) for k in (1, 2, 3)),
+                _attempt(9, 1.0, check=REFERENCE)]
+    advantages = task_advantages(subtasks, {}, NightConfig())
+    assert advantages == {"e0": pytest.approx(1.5), "e1": pytest.approx(-0.5),
+                          "e2": pytest.approx(-0.5), "e3": pytest.approx(-0.5)}
+
+
+def test_centring_leaves_rows_measured_against_their_group():
+    """A group's long failed attempt (seven messages) beside its one-message success would
+    outweigh it in a per-message mean; group rows are relative already and stay as they are."""
     from trainer.advantages import centre
 
-    def row(episode_id, text, advantage, demo):
-        steps = [_step(10 * episode_id, "system", "sys"),
-                 _step(10 * episode_id + 1, "user", "What is 3 times 9?"),
-                 _step(10 * episode_id + 2, "assistant", text)]
-        steps[2].meta = {"demonstration": True} if demo else {}
-        episode = Episode(episode_id, "c", 0.0, 1.0, "complete", None, steps)
-        answer = steps[2].id
-        return episode_row(episode, "train", {answer: [advantage]}, None, set(), NightConfig())[0]
+    def row(episode_id, advantages, grouped):
+        return {"kind": "episode", "episode_id": episode_id, "split": "train",
+                "advantages": list(advantages), "group_baseline": grouped}
 
-    rows = [row(1, "27", 1.6, True), *(row(k, "26", -0.4, False) for k in range(2, 6))]
-    assert centre(rows, []) == pytest.approx(0.0)
-    assert all(r["advantages"][2] == pytest.approx(-0.4) for r in rows[1:])
+    success, loop = row(1, [None, 1.5], True), row(2, [None] + [-0.5] * 7, True)
+    chat = [row(3, [None, 0.4], False), row(4, [None, -0.2], False)]
+    table = [{"episode_id": e, "advantage": a, "parts": {}} for e, a in ((1, 1.5), (3, 0.4))]
+    assert centre([success, loop, *chat], table) == pytest.approx(0.1)
+    assert success["advantages"] == [None, 1.5] and loop["advantages"][1:] == [-0.5] * 7
+    assert [r["advantages"][1] for r in chat] == [pytest.approx(0.3), pytest.approx(-0.3)]
+    assert table[0] == {"episode_id": 1, "advantage": 1.5, "parts": {}}
+    assert table[1]["parts"]["centre"] == pytest.approx(-0.1)
 
 
 async def test_the_judge_reads_at_most_judge_checked_max_checked_channels(store, tmp_path, embedder):

@@ -18,7 +18,12 @@ judged messages is subtracted from every message (``centre``). OAPL regresses
 beta * log-ratio onto A per message, so a non-zero mean would push every
 sampled answer up (or down) alike, whatever its quality; centred, the night
 only moves answers relative to each other. Per message, not per episode,
-because the loss sums over messages.
+because the loss sums over messages. Practice attempts measured against their
+group's mean (``trainer.rewards.task_advantages``; the row's ``group_baseline``)
+are already relative, zero-mean per group, and are neither counted nor
+shifted: counted per message, a group's long failed attempts (a tool loop of
+seven calls beside a one-message success) would outweigh its successes and
+shift every message of the night.
 
 A stray end-of-turn (the agent answered "no" to "Did you mean to end your
 turn?") puts ``stray_advantage`` on that message's last token as a token-level
@@ -31,14 +36,9 @@ are left out of OAPL.
 A demonstration (a practice task's reference, recorded because no attempt
 passed: ``meta.demonstration``) is listed in the row's ``imitate`` and trained
 by likelihood (``trainer.losses.imitation_loss``), not by OAPL: it was not
-sampled from the served model, so its advantage is left out of the row's OAPL
-targets; the table still shows it. Its reward of 1 stays in its group's
-baseline, so the failed attempts beside it are pushed down, and its advantage
-stays in the night's centring (kept in the row's ``imitated_advantages``): a
-group is centred as a whole. Left out, a night of failed practice (four
-attempts at -0.4 beside a reference at +1.6) took a mean of -0.57 from its
-attempts alone and turned every failed attempt's advantage positive, so the
-night reinforced the wrong answers. Under a tool list it
+sampled from the served model. It has no advantage, and its failed attempts
+none either (a group that all failed has nothing relative in it): the night
+learns the task from the reference alone. Under a tool list it
 is imitated in both of its views (``trainer.tokens``): the tools view's action
 is only the choice to answer in words (``message:``), the plain view's is the
 words, and each sequence's loss is normalised by its own length, so the choice
@@ -85,7 +85,6 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
     assistants = [s for i, s in enumerate(steps) if s.role == "assistant" and i not in harness]
     penalty = settings.turn_penalty * max(0, len(assistants) - 1)
     messages, advantages, overrides, table, imitate = [], [], [], [], []
-    imitated_advantages: list[float | None] = []
     tools: list = []
     for i, step in enumerate(steps):
         if step.role == "system":
@@ -114,29 +113,30 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
                 overrides.append({"message": i, "token": -1, "advantage": settings.stray_advantage})
             if (step.meta or {}).get("demonstration"):
                 imitate.append(i)  # not sampled from pi_lag: imitated, not in OAPL
-                imitated_advantages.append(value)  # beside imitate: kept in the centring
                 value = None
         advantages.append(value)
     row = {"kind": "episode", "episode_id": episode.id, "channel": episode.channel_id,
            "split": split, "tools": tools, "messages": messages, "advantages": advantages,
            "token_overrides": overrides, "harness": harness, "imitate": imitate,
-           "imitated_advantages": imitated_advantages, "labels": list(episode.labels)}
+           "labels": list(episode.labels)}
     return row, table
 
 
 def centre(rows: list[dict], table: list[dict]) -> float:
-    """Subtract the train split's mean message advantage (demonstrations' included)
-    from every episode row and from the advantage table, in place; returns the mean taken."""
-    episodes = [r for r in rows if r["kind"] == "episode" and r["split"] == "train"]
-    trained = [a for r in episodes for a in r["advantages"] if a is not None]
-    trained += [a for r in episodes for a in r.get("imitated_advantages") or () if a is not None]
+    """Subtract the train split's mean message advantage from every episode row and from
+    the advantage table, in place, leaving out the rows measured against their group's
+    mean (``group_baseline``); returns the mean taken."""
+    centred = [r for r in rows if r["kind"] == "episode" and not r.get("group_baseline")]
+    trained = [a for r in centred if r["split"] == "train" for a in r["advantages"]
+               if a is not None]
     mean = sum(trained) / len(trained) if trained else 0.0
-    for row in rows:
-        if row["kind"] == "episode":
-            row["advantages"] = [None if a is None else a - mean for a in row["advantages"]]
+    for row in centred:
+        row["advantages"] = [None if a is None else a - mean for a in row["advantages"]]
+    grouped = {r["episode_id"] for r in rows if r["kind"] == "episode" and r.get("group_baseline")}
     for entry in table:
-        entry["advantage"] -= mean
-        entry["parts"]["centre"] = -mean
+        if entry["episode_id"] not in grouped:
+            entry["advantage"] -= mean
+            entry["parts"]["centre"] = -mean
     return mean
 
 

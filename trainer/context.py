@@ -88,9 +88,6 @@ def with_context(row: dict, episode: Episode, prefixes: dict[str, dict],
                                                   for o in range(start, end)],
             "harness": [at[h] for h in row.get("harness") or () if h in at],
             "imitate": [at[i] for i in row.get("imitate") or () if i in actions],
-            "imitated_advantages": [a for i, a in zip(row.get("imitate") or (),
-                                                      row.get("imitated_advantages") or ())
-                                    if i in actions],
             "token_overrides": [{**o, "message": at[o["message"]]}
                                 for o in row.get("token_overrides") or ()
                                 if o["message"] in actions],

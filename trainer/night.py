@@ -43,6 +43,7 @@ from trainer.judge import Judge, SubTask, WindowResult, channel_days
 from trainer.rewards import (
     agreement,
     episode_subtask,
+    group_relative,
     overridden,
     person_reward,
     reward_stats,
@@ -244,6 +245,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
                 understood: dict[int, float], settings, counts: Counter,
                 scanner: SecretScanner) -> tuple[list[dict], list[dict]]:
     task_adv = task_advantages(subtasks, predictions, settings)
+    grouped = group_relative(subtasks)
     ruled = {episode: s.key for episode, s in ruling.items()}
     covered: dict[int, list[float]] = {}
     for channel, day in days.items():
@@ -258,6 +260,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         row, adv = episode_row(episode, collection.split[episode.id], covered, understanding,
                                strays, settings)
         rule = ruling.get(episode.id)
+        row["group_baseline"] = bool(rule and rule.group in grouped)  # centre() leaves it
         row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
                                 if rule else {"source": "judge"})
         exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)

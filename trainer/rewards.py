@@ -35,7 +35,10 @@ agrees with the people (and the checks): the measure of how far to trust it.
 - Attempts sharing a ``group`` (two or more in the night) are measured
   against the group's mean reward and length instead of the value model's
   prediction: same task, same night, so the mean is the better baseline
-  (``task_advantages``).
+  (``task_advantages``). Their advantages are then zero-mean per group, and
+  the night's centring leaves them as they are (``trainer.advantages.centre``).
+- ``"check": "reference"`` marks a demonstration (a practice task's reference
+  answer): it is imitated, and it is neither baselined nor in its group's mean.
 
 **The step limit.** An episode the agent did not finish (status ``aborted``:
 the step limit, or too many malformed tool calls) is a failure to learn
@@ -57,6 +60,7 @@ from trainer.judge import Message, SubTask, turns_used
 VERIFIER_EVENT = "verifier_reward"
 PERSON_REWARDS = {"accepted": 1.0, "verified": 1.0, "rejected": -1.0}
 STEP_LIMIT = "step-limit"
+REFERENCE = "reference"  # the check of a demonstration (bot.practice.runner writes it)
 _DESCRIPTION_CHARS = 300
 
 
@@ -183,21 +187,39 @@ def reward_stats(subtasks: list[SubTask]) -> dict[str, dict]:
     return out
 
 
+def group_relative(subtasks: list[SubTask]) -> dict[str, list[SubTask]]:
+    """Group -> its sampled attempts tonight, where there are two or more: their mean is
+    their baseline. A demonstration (check ``reference``) is not one of them: it was not
+    sampled from the model, and it is imitated (``trainer.advantages``), not baselined."""
+    groups: dict[str, list[SubTask]] = defaultdict(list)
+    for s in subtasks:
+        if s.group and s.check != REFERENCE:
+            groups[s.group].append(s)
+    return {g: peers for g, peers in groups.items() if len(peers) >= 2}
+
+
 def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightConfig
                     ) -> dict[str, float]:
     """Sub-task key -> A_task = (r - r_base) + length_weight * -(len - len_base) / length_scale.
 
     The base is the group's mean for practice attempts of one task (two or more
-    tonight), else the value model's prediction; no base, no advantage.
+    tonight), else the value model's prediction; no base, no advantage. A group
+    whose attempts all scored alike has no advantage either: nothing in it is
+    better than the rest. Pushed down whole, a failed group also pushes down what
+    its attempts did right (a practice night that did so turned the embedded model
+    from answering sums in words, right but wordy, to calling read_file on them, and
+    from calling write_file to claiming in words that it had). A demonstration has
+    none: it is imitated, not trained by OAPL.
     """
-    groups: dict[str, list[SubTask]] = defaultdict(list)
-    for s in subtasks:
-        if s.group:
-            groups[s.group].append(s)
+    groups = group_relative(subtasks)
     out = {}
     for s in subtasks:
+        if s.check == REFERENCE:
+            continue
         peers = groups.get(s.group, []) if s.group else []
-        if len(peers) >= 2:
+        if peers:
+            if len({p.reward for p in peers}) == 1:
+                continue
             base_reward = sum(p.reward for p in peers) / len(peers)
             base_length = sum(p.length for p in peers) / len(peers)
         elif s.key in predictions:
