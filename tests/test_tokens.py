@@ -338,7 +338,8 @@ def test_a_text_answer_chosen_under_the_tool_list_trains_its_choice_in_the_tools
     tools_view, plain_view = render_row(row, tokenizer)
     assert tools_view.view == "tools" and plain_view.view == "plain"
     choice = tools_view.action_positions(5)
-    assert tokenizer.decode([tools_view.ids[t] for t in choice]) == "message:"
+    # Both of the handler's choices: "message:", then the end rather than a call's head.
+    assert tokenizer.decode([tools_view.ids[t] for t in choice]) == "message:<|im_end|>"
     # Its context is exactly what the auto request showed the model, and the choice is its
     # first generated tokens.
     # (Message 2's calls are rendered as generated, so compare from a row whose first
@@ -350,6 +351,10 @@ def test_a_text_answer_chosen_under_the_tool_list_trains_its_choice_in_the_tools
                      tokenizer)[0]
     at = seq.action_positions(2)
     assert seq.ids[:at[0]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto"))
+    # The end is chosen on the handler's second prompt: the first plus "message:\n".
+    assert seq.ids[:at[-1]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto")
+                                    + "message:\n")
+    assert "Both files are short." not in tokenizer.decode(seq.ids)  # the plain view's words
     assert tools_view.advantages == {5: 0.5}
     assert tokenizer.decode([tools_view.ids[t] for t in tools_view.action_positions(9)]) == ""
     # The words themselves are the plain view's action, as before.
@@ -368,6 +373,6 @@ def test_a_demonstrated_tool_call_is_imitated_as_the_call_the_model_would_write(
                                                       tools_view.messages)
                                  if k == ACTION and m in tools_view.imitated])
     assert imitated.startswith('functions.read_file:{"path": "a.txt"}')
-    assert imitated.endswith("message:")
+    assert imitated.endswith("message:<|im_end|>")
     # The tool's output stays an observation: shown, not imitated.
     assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x < y && z"

@@ -43,12 +43,17 @@ prefix-preserving, so one sequence per rendering gives every action its exact
 context:
 
 - ``tools`` view (rows with tools): actions = assistant messages with tool
-  calls, and the choice ``message:`` of each text answer the model chose to
-  give under the tool list (the message's ``choice``, from the step's meta:
-  the ``auto`` request came back as words, and the ``none`` retry wrote
-  them). Without it the night could lower a wrong tool call but never raise
-  the choice to answer, and a 135M model under a tool list picks a tool for
-  "What is 3 times 9?" (bench/learning.py); observations counted here;
+  calls, and the choices of each text answer the model chose to give under
+  the tool list (the message's ``choice``, from the step's meta: the ``auto``
+  request came back as words, and the ``none`` retry wrote them). The handler
+  makes two: ``message:`` against each ``functions.NAME:``, then, on the
+  prompt plus ``message:\n``, ``<|im_end|>`` against each ``functions.NAME:``
+  again (a head there is asked again as that call: ``bot.serving.client``).
+  Both are trained. Without the first the night could lower a wrong tool call
+  but never raise the choice to answer, and a 135M model under a tool list
+  picks a tool for "What is 3 times 9?"; without the second, a night whose
+  examples call ``write_file`` taught the untrained second choice to name it
+  for every sum (bench/learning.py); observations counted here;
 - ``plain`` view: actions = text answers (all assistant messages when the row
   has no tools); observations counted here only when there is no tools view
   (no tools, or none called), so ECHO never sees a token twice. Otherwise it
@@ -74,6 +79,10 @@ Simplifications, where the rendering is not exact:
   llama.cpp's (``"\\n     1"``, read_file's line numbers, is 3 tokens here and 2
   on the server; ``"a  \\n1"`` too): the same text and vocabulary, a token more
   or less there (tests/test_context_real.py counts the server's way).
+- In the tools view a text answer is its two choices, ``message:\n<|im_end|>``,
+  without its words (which the plain view trains), so a message after it there
+  (after the stray probe) reads a context without them; the server showed
+  ``message:\nWORDS<|im_end|>``.
 - A text answer in a row with tools is assumed to come from the ``none`` retry
   (the only way this format returns text); a message with both text and tool
   calls (never produced by this format) keeps its text as IGNORE context.
@@ -191,12 +200,13 @@ def _chose_words(message: dict) -> bool:
 
 def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segment]:
     """What the model produced: raw text, or llama-cpp's call-by-call sequence; under
-    the tool list, a text answer is its choice ``message:`` (the words came after,
-    from the plain view's request)."""
+    the tool list, a text answer is its two choices: ``message:``, then, after the
+    handler's ``\n``, the end rather than a call's head (the words came after, from
+    the plain view's request)."""
     calls = sent.get("tool_calls")
     if not calls and tools:
-        return [_Segment("message:", ACTION, i),
-                _Segment("\n" + str(sent.get("content") or "") + END + "\n", IGNORE, -1)]
+        return [_Segment("message:", ACTION, i), _Segment("\n", IGNORE, -1),
+                _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
     if not calls:
         return [_Segment(str(sent.get("content") or ""), ACTION, i),
                 _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
