@@ -351,10 +351,16 @@ def test_a_text_answer_chosen_under_the_tool_list_trains_its_choice_in_the_tools
                      tokenizer)[0]
     at = seq.action_positions(2)
     assert seq.ids[:at[0]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto"))
-    # The end is chosen on the handler's second prompt: the first plus "message:\n".
-    assert seq.ids[:at[-1]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto")
-                                    + "message:\n")
     assert "Both files are short." not in tokenizer.decode(seq.ids)  # the plain view's words
+    # The handler's grammar forbids the end-of-generation token until the option is complete,
+    # so the end is spelled out in plain tokens, and "<" is what was chosen over "functions".
+    spelled = tokenizer("<|im_end|>", add_special_tokens=False, split_special_tokens=True)
+    end = at[-len(spelled["input_ids"]):]
+    assert [seq.ids[t] for t in end] == spelled["input_ids"]
+    # ... on the handler's second prompt: the first plus "message:\n".
+    assert seq.ids[:end[0]] == _ids(tokenizer, render_prompt(first[:2], TOOLS, "auto")
+                                    + "message:\n")
+    assert tokenizer.convert_tokens_to_ids("<|im_end|>") not in [seq.ids[t] for t in at]
     assert tools_view.advantages == {5: 0.5}
     assert tokenizer.decode([tools_view.ids[t] for t in tools_view.action_positions(9)]) == ""
     # The words themselves are the plain view's action, as before.

@@ -79,7 +79,8 @@ Simplifications, where the rendering is not exact:
   llama.cpp's (``"\\n     1"``, read_file's line numbers, is 3 tokens here and 2
   on the server; ``"a  \\n1"`` too): the same text and vocabulary, a token more
   or less there (tests/test_context_real.py counts the server's way).
-- In the tools view a text answer is its two choices, ``message:\n<|im_end|>``,
+- In the tools view a text answer is its two choices, ``message:\n<|im_end|>``
+  (the end spelled out in plain tokens, as the handler's grammar has it written),
   without its words (which the plain view trains), so a message after it there
   (after the stray probe) reads a context without them; the server showed
   ``message:\nWORDS<|im_end|>``.
@@ -151,6 +152,7 @@ class _Segment:
     text: str
     kind: int
     message: int
+    literal: bool = False  # tokenized as plain text: special-token text spelled out
 
 
 # -- the template, segment by segment --------------------------------------------
@@ -205,8 +207,11 @@ def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segm
     the plain view's request)."""
     calls = sent.get("tool_calls")
     if not calls and tools:
+        # The handler's grammar keeps the end-of-generation token out until it is complete,
+        # so the model spells the end out ("<", "|", "im", ...): "<" against "functions"
+        # is the choice, greedy on that first token.
         return [_Segment("message:", ACTION, i), _Segment("\n", IGNORE, -1),
-                _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
+                _Segment(END, ACTION, i, literal=True), _Segment("\n", IGNORE, -1)]
     if not calls:
         return [_Segment(str(sent.get("content") or ""), ACTION, i),
                 _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
@@ -285,17 +290,23 @@ def render(messages: list[dict], tools: list[dict] | None, tokenizer: Any, *, vi
     segs = _segments(messages, tools if view == "tools" else [], actions, observe, harness)
     if add_generation_prompt:
         segs.append(_Segment(GENERATION_PROMPT, IGNORE, -1))
-    char_kind, char_msg, cuts, seen = [], [], [], set()
+    char_kind, char_msg, cuts, seen, literal = [], [], [], set(), set()
     for s in segs:
-        if s.kind == ACTION and s.message not in seen:  # an answer starts: tokenize it apart
-            seen.add(s.message)
+        if (s.kind == ACTION and s.message not in seen) or s.literal:
+            seen.add(s.message)  # an answer starts (or a literal): tokenize it apart
             cuts.append(len(char_kind))
+        if s.literal:
+            literal.add(len(char_kind))
+            cuts.append(len(char_kind) + len(s.text))
         char_kind += [s.kind] * len(s.text)
         char_msg += [s.message] * len(s.text)
     ids, kinds, msgs = [], [], []
     text = "".join(s.text for s in segs)
     for start, stop in zip([0, *cuts], [*cuts, len(text)]):
-        enc = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True)
+        if start == stop:
+            continue
+        enc = tokenizer(text[start:stop], add_special_tokens=False, return_offsets_mapping=True,
+                        split_special_tokens=start in literal)
         ids += enc["input_ids"]
         for first, end in enc["offset_mapping"]:
             last = start + max(end - 1, first)  # a token belongs to the segment of its last character
