@@ -40,9 +40,9 @@ sampled from the served model. It has no advantage, and its failed attempts
 none either (a group that all failed has nothing relative in it): the night
 learns the task from the reference alone. Under a tool list it
 is imitated in both of its views (``trainer.tokens``): the tools view's action
-is only the choice to answer in words (``message:``), the plain view's is the
-words, and each sequence's loss is normalised by its own length, so the choice
-weighs as much as the answer. That is intended: the embedded model, offered
+is only the choices to answer in words (``message:``, then the end rather than
+a call's head), the plain view's is the words, and each sequence's loss is
+normalised by its own length, so the choices weigh as much as the answer. That is intended: the embedded model, offered
 tools, calls one for "What is 3 times 9?".
 """
 
@@ -126,13 +126,14 @@ def centre(rows: list[dict], table: list[dict]) -> float:
     """Subtract the train split's mean message advantage from every episode row and from
     the advantage table, in place, leaving out the rows measured against their group's
     mean (``group_baseline``); returns the mean taken."""
-    centred = [r for r in rows if r["kind"] == "episode" and not r.get("group_baseline")]
+    episodes = [r for r in rows if r["kind"] == "episode"]
+    grouped = {r["episode_id"] for r in episodes if r.get("group_baseline")}
+    centred = [r for r in episodes if r["episode_id"] not in grouped]
     trained = [a for r in centred if r["split"] == "train" for a in r["advantages"]
                if a is not None]
     mean = sum(trained) / len(trained) if trained else 0.0
     for row in centred:
         row["advantages"] = [None if a is None else a - mean for a in row["advantages"]]
-    grouped = {r["episode_id"] for r in rows if r["kind"] == "episode" and r.get("group_baseline")}
     for entry in table:
         if entry["episode_id"] not in grouped:
             entry["advantage"] -= mean

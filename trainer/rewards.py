@@ -216,7 +216,7 @@ def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightC
     for s in subtasks:
         if s.check == REFERENCE:
             continue
-        peers = groups.get(s.group, []) if s.group else []
+        peers = groups.get(s.group, [])  # "" (no group) is never a key
         if peers:
             if len({p.reward for p in peers}) == 1:
                 continue
