@@ -115,6 +115,10 @@ async def test_open_chat_turning_degenerate_rejects_even_a_clear_gain():
     before, after = await sides(items, set(range(10)), set(range(28)), after_chat=looping)
     report = decide(before, after, SETTINGS)
     assert report.outcome == "reject" and "prompts [0] turned degenerate" in report.reasons[0]
+    assert 'e.g. #0: "go on go on' in report.reasons[0] and report.reasons[0].endswith('..."')
+    # The answers are kept with the report, so a rejected night can be read.
+    assert report.as_dict()["open_regressed"] == [
+        {"prompt": 0, "request": OPEN_PROMPTS[0], "before": FINE_CHAT[0], "after": looping[0]}]
 
 
 async def test_open_chat_judged_much_worse_rejects():

@@ -83,6 +83,7 @@ class Side:
     open_score: float | None = None  # mean judged open-chat score in [-1, 1]
     degenerate: list[bool] = field(default_factory=list)  # per open prompt
     answers: dict[str, str] = field(default_factory=dict)
+    open_answers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +98,9 @@ class GateReport:
     open_before: float | None = None
     open_after: float | None = None
     families: dict[str, dict] = field(default_factory=dict)  # family_scores
+    # The open prompts that turned degenerate, with both answers: what a reader of a
+    # rejected night needs to see, and the gate keeps no other copy of them.
+    open_regressed: list[dict] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -133,6 +137,7 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
     report = GateReport("inconclusive", [], len(pairs), None, None, None, pairs,
                         before.open_score, after.open_score)
     regressions = _regressions(before, after, settings)
+    report.open_regressed = _open_regressed(before, after)
     if diffs:
         report.gain, report.lower, report.upper = paired_interval(diffs, settings)
     interval = (f"gain {report.gain:+.3f}, {settings.confidence:.0%} interval "
@@ -167,11 +172,27 @@ def family_scores(items: list[Item], pairs: dict[str, list]) -> dict[str, dict]:
             for family, p in sorted(grouped.items())}
 
 
+def _newly_degenerate(before: Side, after: Side) -> list[int]:
+    return [i for i, (b, a) in enumerate(zip(before.degenerate, after.degenerate)) if a and not b]
+
+
+def _open_regressed(before: Side, after: Side) -> list[dict]:
+    def said(side: Side, i: int) -> str | None:
+        return side.open_answers[i] if i < len(side.open_answers) else None
+    return [{"prompt": i, "request": OPEN_PROMPTS[i] if i < len(OPEN_PROMPTS) else None,
+             "before": said(before, i), "after": said(after, i)}
+            for i in _newly_degenerate(before, after)]
+
+
 def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]:
     reasons = []
-    newly = [i for i, (b, a) in enumerate(zip(before.degenerate, after.degenerate)) if a and not b]
+    newly = _newly_degenerate(before, after)
     if newly:
-        reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition)")
+        example = after.open_answers[newly[0]] if newly[0] < len(after.open_answers) else ""
+        shown = " ".join(example.split())
+        shown = shown[:100] + ("..." if len(shown) > 100 else "")
+        reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition)"
+                       + (f', e.g. #{newly[0]}: "{shown}"' if shown else ""))
     if before.open_score is not None and after.open_score is not None \
             and after.open_score < before.open_score - settings.regression_margin:
         reasons.append(f"open chat regressed: its judged score fell from "
@@ -214,7 +235,8 @@ async def score_side(client: JsonClient, items: list[Item], answers: list[str],
                      open_answers: list[str], scorer: Scorer = score_check) -> Side:
     """Score one model's answers: checks by ``scorer``, the rest and open chat by the judge."""
     side = Side(answers={i.id: a for i, a in zip(items, answers)},
-                degenerate=[repetition(a) > 0.5 for a in open_answers])
+                degenerate=[repetition(a) > 0.5 for a in open_answers],
+                open_answers=list(open_answers))
     judged = [(i, a) for i, a in zip(items, answers) if i.check is None]
     scores = await judged_scores(client, [i.request for i, _ in judged], [a for _, a in judged])
     side.scores.update({i.id: None if s is None else (s + 1) / 2
