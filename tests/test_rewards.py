@@ -199,36 +199,6 @@ async def test_practice_attempts_of_one_task_are_measured_against_their_group_me
     assert tasks[single] == 1.0  # a group of one falls back to the value model (r_hat = 0)
 
 
-async def test_a_group_without_signal_is_left_out_and_its_demonstration_kept(
-        store, tmp_path, embedder):
-    """Attempts that all failed carry no advantage: their rows would train only ECHO on
-    the task's prompt, which the demonstration beside them carries. A mixed group stays."""
-    episodes = {}
-    for name, rewards in (("failed", (0.0, 0.0, 0.0)), ("mixed", (1.0, 0.0))):
-        for i, reward in enumerate(rewards):
-            channel = f"practice-{name}-{i}"
-            episodes[channel], _, _ = await tool_episode(store, channel)
-            await store.add_event(channel, episodes[channel], VERIFIER_EVENT,
-                                  {"reward": reward, "check": "exact", "group": f"run1:{name}"})
-    demo, _, _ = await tool_episode(store, "practice-failed-reference", answer="5")
-    await store._fetch("UPDATE steps SET meta = ? WHERE episode_id = ? AND role = 'assistant' "
-                       "AND content = '5'", (json.dumps({"demonstration": True}), demo))
-    await store.add_event("practice-failed-reference", demo, VERIFIER_EVENT,
-                          {"reward": 1.0, "check": REFERENCE, "group": "run1:failed"})
-    server = await serve(always(0))
-    try:
-        result, _ = await run(config_for(tmp_path), store, server, embedder)
-    finally:
-        await server.stop()
-    rows = [r for r in map(json.loads, result.dataset.read_text().splitlines())
-            if r["kind"] == "episode"]
-    kept = {r["episode_id"] for r in rows}
-    assert kept == {episodes["practice-mixed-0"], episodes["practice-mixed-1"], demo}
-    assert result.counts["rows_left_out:group_without_signal"] == 3
-    [shown] = [r for r in rows if r["episode_id"] == demo]
-    assert shown["imitate"] and not any(a is not None for a in shown["advantages"])
-
-
 def test_the_verifier_event_contract():
     ok = read_verifier_event({"reward": 0.75, "check": "regex", "task": "a", "group": "g"})
     assert (ok.reward, ok.check, ok.task, ok.group) == (0.5, "regex", "a", "g")

@@ -261,12 +261,6 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
                                strays, settings)
         rule = ruling.get(episode.id)
         row["group_baseline"] = bool(rule and rule.group in grouped)  # centre() leaves it
-        if row["group_baseline"] and not _signal(row):
-            # A group whose attempts all scored alike (task_advantages) would train only
-            # ECHO on its task's prompt, which its demonstration and its other attempts
-            # carry already: three of four rows of a practice night, and most of its time.
-            counts["rows_left_out:group_without_signal"] += 1
-            continue
         row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
                                 if rule else {"source": "judge"})
         exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)
@@ -282,13 +276,6 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         rows += [value_row(predictions[k].prompt, predictions[k].answer, r, baseline)
                  for k, r in value_rewards.items()]
     return rows, table
-
-
-def _signal(row: dict) -> bool:
-    """Whether a row trains an action: a message advantage, a token override or an
-    imitated demonstration (ECHO alone predicts only what the row was told)."""
-    return (any(a is not None for a in row["advantages"]) or bool(row["token_overrides"])
-            or bool(row["imitate"]))
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
