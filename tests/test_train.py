@@ -256,6 +256,20 @@ def test_a_night_takes_at_least_min_steps_unless_steps_is_set():
     assert T.planned_steps(3, T.Settings(steps=2)) == 2  # an explicit count wins
 
 
+def test_a_small_night_gets_smaller_batches_not_more_than_max_epochs_passes():
+    """Repeated to min_steps x batch, a small night's sequences were seen about six times
+    each; its batches shrink instead, and only with one sequence a batch are there fewer steps."""
+    big = T.Settings(batch=32)
+    assert T.plan(306, big) == (16, 32)  # 512 sequences: 1.7 passes, as asked
+    assert T.plan(640, big) == (20, 32)  # one epoch is more than min_steps
+    steps, batch = T.plan(51, big)
+    assert (steps, batch) == (16, 6) and steps * batch <= 2 * 51
+    assert T.plan(3, big) == (6, 1)  # two passes of one sequence a step
+    assert T.plan(51, T.Settings(batch=32, max_epochs=20)) == (16, 32)  # the old repetition
+    assert T.plan(51, T.Settings(batch=32, steps=4)) == (4, 32)  # an explicit count wins
+    assert T.plan(240, T.Settings(batch=32, epochs=2)) == (16, 32)  # epochs cover min_steps
+
+
 def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, tmp_path):
     from accelerate import Accelerator
 
@@ -278,7 +292,9 @@ def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, 
     events = []
     result = T.train(_rows(), base_dir, tmp_path, T.Settings(min_steps=3, progress=False),
                      on_step=events.append)
-    assert result.steps == 3 and [e["weight"] for e in events] == [1.0, 1.0, 1.0]
+    # Three sequences, min_steps 3: within two passes, batches of 2 (the remainder weighs 1/2).
+    assert result.steps == 3 and result.batch == 2
+    assert [(e["sequences"], e["weight"]) for e in events] == [(2, 1.0), (1, 0.5), (2, 1.0)]
 
 
 def test_gradient_checkpointing_auto_is_on_for_big_checkpoints_only(tmp_path):

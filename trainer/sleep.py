@@ -135,6 +135,7 @@ class Night:
                             lr=t.lr, batch=t.batch, micro_batch=t.micro_batch,
                             micro_tokens=t.micro_tokens, epochs=t.epochs,
                             steps=t.steps or None, min_steps=t.min_steps,
+                            max_epochs=t.max_epochs,
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
                             seed=self.config.night.seed, progress=False,
                             start_adapter=str(start_adapter) if start_adapter else None,
@@ -148,7 +149,8 @@ class Night:
             future.result()  # raises Cancelled inside the training thread
 
         result = await asyncio.to_thread(train, rows, base_dir, adapter, settings, on_step)
-        trained = {"steps": result.steps, "sequences": result.sequences, "tokens": result.tokens,
+        trained = {"steps": result.steps, "batch": result.batch, "sequences": result.sequences,
+                   "tokens": result.tokens,
                    "seconds": round(result.seconds, 1)}
         await self.set(trained=trained)
         return trained

@@ -107,6 +107,11 @@ class TrainConfig(_Section):
     min_steps: int = Field(
         16, ge=1, description="the fewest optimizer steps when steps = 0 (>= 1)"
     )
+    max_epochs: int = Field(
+        2, ge=1, le=20,
+        description="the most passes min_steps may repeat a night's data to (1..20); "
+                    "a smaller night gets smaller batches",
+    )
     max_tokens: int = Field(
         0, ge=0, description="the longest training sequence; 0 = model.context_tokens"
     )
