@@ -281,6 +281,9 @@ def report(result: dict, started: float) -> None:
     if gate:
         print(f"gate: {'PASSED' if gate['passed'] else 'refused'} (gain {gate['gain']:+.3f}); "
               + "; ".join(gate.get("reasons") or []))
+        if gate.get("open_before") is not None and gate.get("open_after") is not None:
+            print("open chat (the gate's prompts, judged in [-1, 1]): "
+                  f"{gate['open_before']:+.2f} before, {gate['open_after']:+.2f} after")
     elif job.get("error"):
         print(f"night error: {job['error'].splitlines()[0][:300]}")
     kept = f" (the day kept in {result['day_from']})" if result.get("day_from") else ""
