@@ -279,7 +279,9 @@ def report(result: dict, started: float) -> None:
           f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")
     gate = progress.get("gate")
     if gate:
-        print(f"gate: {'PASSED' if gate['passed'] else 'refused'} (gain {gate['gain']:+.3f}); "
+        outcome = gate.get("outcome") or ("promote" if gate["passed"] else "reject")
+        gain = "no paired items" if gate.get("gain") is None else f"gain {gate['gain']:+.3f}"
+        print(f"gate: {outcome} ({gain}); "
               + "; ".join(gate.get("reasons") or []))
         if gate.get("open_before") is not None and gate.get("open_after") is not None:
             print("open chat (the gate's prompts, judged in [-1, 1]): "

@@ -47,3 +47,19 @@ def test_a_folder_without_a_kept_day_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(SystemExit, match="--keep DIR first"):
         learning.load_day(tmp_path, tmp_path / "work")
     assert not os.listdir(tmp_path / "work")
+
+
+def test_the_report_names_the_gates_outcome_and_its_open_chat_scores(capsys):
+    """An inconclusive gate was printed as "refused"; a gate with no paired items has no gain."""
+    gate = {"outcome": "inconclusive", "passed": False, "gain": 0.15,
+            "reasons": ["it includes the margin +0.050"], "open_before": 0.59, "open_after": 0.68}
+    result = {"before": {"protocol": [0.0, 0.0]}, "after": {"protocol": [1.0, 0.0]},
+              "night": {"job": {"id": 4, "state": "done", "progress": {"gate": gate}}}}
+    learning.report(result, 0.0)
+    out = capsys.readouterr().out
+    assert "protocol" in out and "+50.0" in out and "mean delta: +50.0 pp" in out
+    assert "gate: inconclusive (gain +0.150); it includes the margin +0.050" in out
+    assert "open chat (the gate's prompts, judged in [-1, 1]): +0.59 before, +0.68 after" in out
+    learning.report({**result, "night": {"job": {"progress": {"gate": {
+        "outcome": "inconclusive", "passed": False, "gain": None, "reasons": []}}}}}, 0.0)
+    assert "gate: inconclusive (no paired items)" in capsys.readouterr().out
