@@ -22,11 +22,8 @@ batches of 64) that lifted held-out exact match by +24 pp; ``bench/learning.py``
 is where it gets re-chosen. Each epoch is a fresh seeded shuffle.
 
 A small night is not repeated past ``max_epochs`` (2) passes to reach
-``min_steps``: its batches shrink instead (``plan``), down to one sequence, and
-only then are there fewer steps. Repeated, a night of 51 sequences (four chat
-messages) trained 16 x 32 sequences in 21 minutes; and 82 rows seen about six
-times each taught one practice family's format to another's prompts
-(bench/learning.py on one kept day: +11.7 pp against +20.0 at 1.7 passes).
+``min_steps``: its batches shrink (``plan``), and only at one sequence a batch
+are there fewer steps. Repeated, 51 sequences trained 16 x 32 in 21 minutes.
 
 The remainder batch: an epoch of n sequences ends with a batch of n % batch.
 Its loss is weighted by its size (n % batch) / batch, so its few sequences
