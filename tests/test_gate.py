@@ -21,8 +21,10 @@ from tests.scripted import ScriptedLLM, say
 from trainer.client import JsonClient
 from trainer.gate import (
     GateSettings,
+    collapsed,
     decide,
     generate,
+    opening,
     paired_interval,
     repetition,
     run_gate,
@@ -66,9 +68,9 @@ def answers(items: list[Item], right: set[int]) -> list[str]:
     return [i.check["exact"] if k in right else "I am not sure" for k, i in enumerate(items)]
 
 
-async def sides(items, before_right, after_right, after_chat=FINE_CHAT):
+async def sides(items, before_right, after_right, after_chat=FINE_CHAT, before_chat=FINE_CHAT):
     judge = PlantedJudge()
-    before = await score_side(judge, items, answers(items, before_right), FINE_CHAT)
+    before = await score_side(judge, items, answers(items, before_right), before_chat)
     after = await score_side(judge, items, answers(items, after_right), after_chat)
     return before, after
 
@@ -126,8 +128,37 @@ async def test_open_chat_judged_much_worse_rejects():
     worse = ["bad answer"] * len(OPEN_PROMPTS)
     before, after = await sides(items, set(range(10)), set(range(28)), after_chat=worse)
     report = decide(before, after, SETTINGS)
-    assert report.outcome == "reject" and "judged score fell from 0.50 to -1.00" in \
-        report.reasons[0]
+    assert report.outcome == "reject"
+    assert any("judged score fell from 0.50 to -1.00" in r for r in report.reasons)
+
+
+# Answers of the base model and of a night that imitated bracketed protocol answers
+# (bench/learning.py, one kept day): the judge scored both alike.
+BASE_CHAT = [f"Answer {i}: " + " ".join(f"w{j}" for j in range(i + 3)) + "."
+             for i in range(len(OPEN_PROMPTS))]
+BRACKETED = {0: "[|im_end|]", 4: "[RED]", 6: "[Frozen]", 7: "[Français]",
+             11: "[HTML]\n\nI'm a text-based language-processing tool.", 13: "[SIN]"}
+
+
+async def test_open_chat_collapsing_onto_one_shape_rejects_though_the_judge_is_blind():
+    items = arithmetic(30)
+    after_chat = [BRACKETED.get(i, a) for i, a in enumerate(BASE_CHAT)]
+    before, after = await sides(items, set(range(10)), set(range(28)), after_chat=after_chat,
+                                before_chat=BASE_CHAT)
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "reject"
+    [reason] = report.reasons
+    assert reason.startswith("open chat collapsed: 5 of 22 answers now open as '[a]' "
+                             "(prompts [4, 6, 7, 11, 13])") and '"[RED]"' in reason
+    assert [r["prompt"] for r in report.open_regressed] == [4, 6, 7, 11, 13]
+
+
+def test_a_few_answers_sharing_a_shape_is_not_a_collapse():
+    before = [f"Sentence {i} " + "w " * i for i in range(22)]
+    numbers = ["56", "6", "100"]  # the sums and the boiling point answered bare
+    assert collapsed(before, numbers + before[3:]) is None
+    assert collapsed(before, ["[A]", "[B]", "[C]", "[D]"] + before[4:]) == ("[a]", [0, 1, 2, 3])
+    assert opening("  [Français]\nmore") == "[a]" and opening("-12.5 days") == "-9.9 a"
 
 
 async def test_judged_eval_items_are_paired_on_the_zero_to_one_scale():

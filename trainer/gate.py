@@ -16,8 +16,9 @@ decision is reproducible) give an interval of the mean at ``confidence``
 **Decision**, with its reasons:
 
 - *reject*: open chat regressed (an answer turned degenerate, i.e. repeats
-  itself where the old one did not, or the judged open-chat score fell by more
-  than ``regression_margin``), or the whole interval lies below the margin;
+  itself where the old one did not; a fifth of the answers newly open with one
+  shape, ``collapsed``; or the judged open-chat score fell by more than
+  ``regression_margin``), or the whole interval lies below the margin;
 - *inconclusive*: fewer than ``min_items`` items were scored on both sides, or
   the interval straddles the margin;
 - *promote*: the interval's lower end is at least the margin, and no regression.
@@ -32,6 +33,8 @@ import asyncio
 import gc
 import inspect
 import random
+import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -118,6 +121,27 @@ def repetition(text: str, n: int = 4) -> float:
     return 0.0 if len(grams) < 4 else 1 - len(set(grams)) / len(grams)
 
 
+def opening(text: str) -> str:
+    """The shape of an answer's first line: letters, digits and spaces folded to one mark
+    each run, punctuation kept ("[RED]" and "[Français]" are both "[a]")."""
+    line = text.strip().split("\n", 1)[0].strip()
+    return re.sub(r"\s+", " ", re.sub(r"\d+", "9", re.sub(r"[^\W\d_]+", "a", line)))
+
+
+def collapsed(before: list[str], after: list[str]) -> tuple[str, list[int]] | None:
+    """(shape, prompts) when a fifth or more of the open answers (at least 3) newly open
+    with one shape: a practised format carried to prompts that never asked for it. The
+    judge does not see it (8 of 22 answers bracketed, judged +0.59 before, +0.57 after);
+    free answers differ in their words, and the base model's 22 share no shape twice."""
+    if not after:
+        return None
+    old, new = Counter(map(opening, before)), Counter(map(opening, after))
+    shape, count = max(new.items(), key=lambda kv: kv[1] - old[kv[0]])
+    if count - old[shape] < max(3, round(len(after) / 5)):
+        return None
+    return shape, [i for i, a in enumerate(after) if opening(a) == shape]
+
+
 def paired_interval(diffs: list[float], settings: GateSettings) -> tuple[float, float, float]:
     """(mean, lower, upper) of the mean difference by a seeded paired bootstrap."""
     n = len(diffs)
@@ -177,12 +201,18 @@ def _newly_degenerate(before: Side, after: Side) -> list[int]:
     return [i for i, (b, a) in enumerate(zip(before.degenerate, after.degenerate)) if a and not b]
 
 
+def _newly_bad(before: Side, after: Side) -> list[int]:
+    """Open prompts whose answer turned degenerate or fell into a collapsed shape."""
+    shared = collapsed(before.open_answers, after.open_answers)
+    return sorted(set(_newly_degenerate(before, after)) | set(shared[1] if shared else []))
+
+
 def _open_regressed(before: Side, after: Side) -> list[dict]:
     def said(side: Side, i: int) -> str | None:
         return side.open_answers[i] if i < len(side.open_answers) else None
     return [{"prompt": i, "request": OPEN_PROMPTS[i] if i < len(OPEN_PROMPTS) else None,
              "before": said(before, i), "after": said(after, i)}
-            for i in _newly_degenerate(before, after)]
+            for i in _newly_bad(before, after)]
 
 
 def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]:
@@ -194,6 +224,13 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
         shown = shown[:100] + ("..." if len(shown) > 100 else "")
         reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition)"
                        + (f', e.g. #{newly[0]}: "{shown}"' if shown else ""))
+    shared = collapsed(before.open_answers, after.open_answers)
+    if shared:
+        shape, prompts = shared
+        first = " ".join(after.open_answers[prompts[0]].split())[:60]
+        reasons.append(f"open chat collapsed: {len(prompts)} of {len(after.open_answers)} "
+                       f"answers now open as {shape!r} (prompts {prompts}), e.g. "
+                       f'#{prompts[0]}: "{first}"')
     if before.open_score is not None and after.open_score is not None \
             and after.open_score < before.open_score - settings.regression_margin:
         reasons.append(f"open chat regressed: its judged score fell from "
