@@ -82,7 +82,8 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
         "server": {"port": free_port()},
         "agent": {"temperature": 0.0, "max_steps": args.max_steps,
                   "tools": args.tools or "auto"},
-        "practice": {"temperature": args.temperature, "held_out_percent": 0},
+        "practice": {"temperature": args.temperature, "held_out_percent": 0,
+                     "max_steps": min(args.max_steps, Config().practice.max_steps)},
         "night": {"probes_file": str(probes), "auto_promote": False},
         "train": train,
     }
@@ -217,7 +218,8 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
     config = load_config(write_config(work, args, probes))
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
-          f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps}; chat format "
+          f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
+          f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}" + (f"; the day kept in {args.day}" if args.day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}

@@ -245,3 +245,30 @@ async def test_a_reference_with_tool_calls_is_run_and_recorded_as_the_agents_own
     assert final.content == "Saved." and final.meta["choice"] == "message"
     # Each step records the exact context the night renders (bot.storage.prefixes).
     assert call_step.meta["context"]["tail"] == 1 and final.meta["context"]["tail"] == 3
+
+
+async def test_a_practice_attempt_stops_at_the_practice_step_limit(tmp_path):
+    """A looping attempt ends at practice.max_steps, not the agent's limit for people's
+    turns; it is stored as stopped by a limit, and its check still judges it."""
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.max_steps = 3
+    assert config.agent.max_steps == 8
+    llm = ScriptedLLM(lambda messages, kwargs: call("list_dir", {"path": "."}))
+    path = tmp_path / "loop.jsonl"
+    path.write_text(json.dumps({"id": "add", "prompt": "What is 2 plus 3?",
+                                "check": {"exact": "5"}}) + "\n")
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"), llm=llm,
+                             start_server=False)
+    try:
+        name, options = parse_command(f"/practice {path} --samples 2")
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True), name,
+                                   **options)
+        attempts = [e for e in await rt.store.episodes_since(0)
+                    if not e.channel_id.endswith("-reference")]
+    finally:
+        await rt.close()
+    assert "2 stopped by a limit" in answer.text, answer.text
+    assert len(attempts) == 2 and {e.status for e in attempts} == {"aborted"}
+    for episode in attempts:
+        assert sum(1 for s in episode.steps if s.role == "assistant") == 3

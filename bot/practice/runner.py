@@ -93,8 +93,11 @@ class _Tally:
 
 
 def practice_agent(rt: Runtime) -> Agent:
-    """The runtime's agent, on the same components, at the practice temperature."""
-    agent = rt.config.agent.model_copy(update={"temperature": rt.config.practice.temperature})
+    """The runtime's agent, on the same components, at the practice temperature and
+    step limit."""
+    practice = rt.config.practice
+    agent = rt.config.agent.model_copy(update={"temperature": practice.temperature,
+                                               "max_steps": practice.max_steps})
     config = rt.config.model_copy(update={"agent": agent})
     return Agent(config, rt.llm, rt.store, rt.registry, rt.spaces.context,
                  rt.spaces.sys_section, stray=rt.agent.stray)
