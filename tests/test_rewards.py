@@ -271,13 +271,13 @@ def _attempt(k: int, reward: float, length: int = 1, check: str = "exact") -> Su
     return SubTask("c", 0, 1, "3 times 9", reward, length, "verifier", f"e{k}", check, "drill:t:1")
 
 
-def test_a_group_that_all_failed_has_no_advantages_and_its_reference_none():
-    """Pushed down whole, a failed group pushes down what its attempts did right too; held
-    at 0, its attempts compete with the reference: none gets an advantage, whatever their
-    lengths; the reference (check "reference") is imitated, not in the mean."""
+def test_a_group_that_all_failed_is_held_by_one_attempt_and_its_reference_has_none():
+    """Pushed down whole, a failed group pushes down what its attempts did right too: its
+    first attempt is held where it is (advantage 0, OAPL's KL term), the others get none,
+    whatever their lengths; the reference (check "reference") is imitated, not in the mean."""
     subtasks = [*(_attempt(k, -1.0, length=k) for k in range(4)),
                 _attempt(9, 1.0, check=REFERENCE)]
-    assert task_advantages(subtasks, {}, NightConfig()) == {}
+    assert task_advantages(subtasks, {}, NightConfig()) == {"e0": 0.0}
     assert group_relative(subtasks)["drill:t:1"] == subtasks[:4]
 
 

@@ -37,11 +37,10 @@ A demonstration (a practice task's reference, recorded because no attempt
 passed: ``meta.demonstration``) is listed in the row's ``imitate`` and trained
 by likelihood (``trainer.losses.imitation_loss``), not by OAPL: it was not
 sampled from the served model. It has no advantage, and its failed attempts
-none either (a group that all failed has nothing relative in it). A night that
-imitates also holds the live model's own answers to general requests
-(``trainer.anchors``), so that the reference's format stays on its task.
-
-Under a tool list a demonstration is imitated in both of its views
+none either (a group that all failed has nothing relative in it), except the
+first, held at advantage 0 (``trainer.rewards.task_advantages``) so that the
+reference does not carry its format to other prompts: the night learns the task
+from the reference alone. Under a tool list it is imitated in both of its views
 (``trainer.tokens``): the tools view's action is only the choices to answer in
 words (``message:``, then the end rather than a call's head), the plain view's
 is the words, and each sequence's loss is normalised by its own length, so the

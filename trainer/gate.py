@@ -50,8 +50,7 @@ from trainer.gate_items import (
     AgentView,
     Item,
     agent_view,
-    agent_replies,
-    answer_text,
+    ask_like_agent,
     eval_items,
     heldout_items,
     score_check,
@@ -242,21 +241,14 @@ def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
              max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[str]:
     """Greedy answers of one model, loaded for this call only, asked as the agent asks,
     with the served handler's patches (templates unescaped, calls bounded)."""
-    return [answer_text(m) for m in
-            generate_replies(gguf, requests, view, chat_format, max_tokens, n_ctx, lora)]
-
-
-def generate_replies(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
-                     max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[dict]:
-    """``generate``'s replies as messages (content, tool_calls)."""
     from llama_cpp import Llama
 
     patch_handlers()
     llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
                 chat_format=chat_format, verbose=False, seed=0)
     try:
-        return agent_replies(llm, [view.render(r) for r in requests], view.tools, chat_format,
-                             max_tokens)
+        return ask_like_agent(llm, [view.render(r) for r in requests], view.tools, chat_format,
+                              max_tokens)
     finally:
         del llm
         gc.collect()

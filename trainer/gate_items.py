@@ -172,12 +172,6 @@ def answer_text(message: dict) -> str:
 
 def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_format: str,
                    max_tokens: int) -> list[str]:
-    """The text of ``agent_replies`` (a call as ``name {args}`` lines), as checks read it."""
-    return [answer_text(m) for m in agent_replies(llm, requests, tools, chat_format, max_tokens)]
-
-
-def agent_replies(llm, requests: list[list[dict]], tools: list[dict], chat_format: str,
-                  max_tokens: int) -> list[dict]:
     """Greedy replies of an in-process ``llama_cpp.Llama``, each requested as the bot's
     client requests it (bot.serving.client.LLM.chat): ``auto`` first, ``none`` again for a
     reply that came back empty, and the named tool again for a reply that is a bare call
@@ -196,9 +190,7 @@ def agent_replies(llm, requests: list[list[dict]], tools: list[dict], chat_forma
             if choice:
                 params["tool_choice"] = choice
         try:
-            choice = llm.create_chat_completion(**params)["choices"][0]
-            # finish_reason "length": cut at max_tokens (an anchor needs a whole answer)
-            return {**choice["message"], "finish_reason": choice.get("finish_reason")}
+            return llm.create_chat_completion(**params)["choices"][0]["message"]
         except ValueError as exc:
             # llama-cpp-python's function-calling handler writes a call's arguments with no
             # token limit, so an endless argument (a number that never ends) fills the
@@ -218,7 +210,7 @@ def agent_replies(llm, requests: list[list[dict]], tools: list[dict], chat_forma
                 call = ask(requests[i], {"type": "function", "function": {"name": name}})
                 if call.get("tool_calls"):
                     replies[i] = call
-    return replies
+    return [answer_text(message) for message in replies]
 
 
 def _normal(text: str) -> str:

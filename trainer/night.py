@@ -111,7 +111,7 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
                               settings, counts, scanner)
     await store.save_advantages(night_id, table)
     out = night_dir(config, night_id)
-    dataset = write_dataset(out / "train.jsonl", rows)
+    dataset = _write_jsonl(out / "train.jsonl", rows)
     sources = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("source:")}
     manifest = write_manifest(out / "manifest.json", collection, rows,
                               {"judge_agreement": agreed, "reward_sources": sources})
@@ -278,12 +278,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
     return rows, table
 
 
-def read_dataset(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def write_dataset(path: Path, rows: list[dict]) -> Path:
-    """Write the rows as JSONL, whole or not at all (a crash leaves the old file)."""
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     with partial.open("w", encoding="utf-8") as f:

@@ -203,15 +203,19 @@ def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightC
     """Sub-task key -> A_task = (r - r_base) + length_weight * -(len - len_base) / length_scale.
 
     The base is the group's mean for practice attempts of one task (two or more
-    tonight), else the value model's prediction; no base, no advantage. A group whose
-    attempts all scored alike has nothing better than the rest: none of its attempts
-    gets an advantage. Pushed down whole, a failed group also pushes down what its
-    attempts did right (a practice night that did so turned the embedded model from
-    answering sums in words, right but wordy, to calling read_file on them). Held at
-    advantage 0 (OAPL's KL term alone), its attempts compete with the task's imitated
-    reference on the prompt it teaches: +6.7 pp against +20.0 on one kept day; what
-    holds a night that imitates is its anchors (``trainer.anchors``). A demonstration
-    has no advantage: it is imitated, not trained by OAPL.
+    tonight), else the value model's prediction; no base, no advantage. In a group
+    whose attempts all scored alike nothing is better than the rest: its first
+    attempt is held where it is (advantage 0: OAPL's term is then its KL to pi_lag
+    alone) and the others get none. Pushed down whole, a failed group also pushes
+    down what its attempts did right (a practice night that did so turned the
+    embedded model from answering sums in words, right but wordy, to calling
+    read_file on them). Left free, it let the imitated references of one family
+    teach their format to every prompt: 8 of the gate's 22 open-chat prompts were
+    answered in the protocol family's brackets; with one attempt a group held, none
+    were (bench/learning.py, one kept day; README "Measuring it"). One attempt, not
+    all: each held row costs a pi_lag pass, and holding all four of a group cost
+    256 s more training and lost the tool family. A demonstration has no advantage:
+    it is imitated, not trained by OAPL.
     """
     groups = group_relative(subtasks)
     out = {}
@@ -221,6 +225,8 @@ def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightC
         peers = groups.get(s.group, [])  # "" (no group) is never a key
         if peers:
             if len({p.reward for p in peers}) == 1:
+                if s is peers[0]:
+                    out[s.key] = 0.0  # the group's anchor: OAPL's KL term alone holds it
                 continue
             base_reward = sum(p.reward for p in peers) / len(peers)
             base_length = sum(p.length for p in peers) / len(peers)

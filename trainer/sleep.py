@@ -28,6 +28,7 @@ checks its state between stages and between training steps.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import traceback
@@ -40,10 +41,8 @@ from bot.storage.store import Store
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
-from trainer.anchors import ANCHOR_MAX_TOKENS, ANCHOR_PROMPTS, anchor_rows, imitates
-from trainer.gate import GATE_CONTEXT, generate_replies, run_gate
-from trainer.gate_items import agent_view
-from trainer.night import NightResult, night_dir, read_dataset, remember, run_part1, write_dataset
+from trainer.gate import run_gate
+from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
 
@@ -113,26 +112,6 @@ class Night:
         await self.set(counts=dict(result.counts), timings=result.timings,
                        judge_agreement=result.agreement, rewards=result.rewards)
         return result.dataset
-
-    async def anchor(self, dataset: Path, live: tuple[Path, Path | None]) -> None:
-        """Append the anchors (``trainer.anchors``) to a dataset that imitates: the live
-        model's own answers to general requests, asked as the agent asks them."""
-        rows = read_dataset(dataset)
-        wanted = self.config.night.anchors
-        if "anchors" in self.progress or any(r["kind"] == "anchor" for r in rows):
-            return
-        if not wanted or not imitates(rows):
-            await self.set(anchors={"asked": 0, "held": 0})
-            return
-        view = await agent_view(self.config, self.store, self.args)
-        chat_format = (await resolve_async(self.config)).name
-        requests = ANCHOR_PROMPTS[:wanted]
-        replies = await asyncio.to_thread(
-            generate_replies, live[0], requests, view, chat_format, ANCHOR_MAX_TOKENS,
-            min(self.config.model.context_tokens, GATE_CONTEXT), live[1])
-        held = anchor_rows(requests, replies, view)
-        write_dataset(dataset, rows + held)
-        await self.set(anchors={"asked": len(requests), "held": len(held)})
 
     async def remember(self) -> None:
         """The value memory's one update of this night, after training succeeded."""
@@ -208,7 +187,7 @@ class Night:
         if "gate" in self.progress:
             return self.progress["gate"]
         await self.set("gating")
-        rows = read_dataset(dataset)
+        rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
         report = await run_gate(self.config, self.store, rows, args, live,
                                 serve_paths(release), check=self.check)
         await self.set(gate=report.as_dict())
@@ -274,8 +253,6 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     live_gguf, live_lora, base_dir, base_release = await live_model(config, store)
     night.progress.setdefault("base_release", base_release)
     dataset = await night.judge()
-    await night.check()
-    await night.anchor(dataset, (live_gguf, live_lora))
     await night.check()
     trained = await night.train(dataset, base_dir, live_adapter(config, live_lora))
     await night.remember()

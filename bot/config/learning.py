@@ -74,10 +74,6 @@ class NightConfig(_Section):
         0.5, ge=0, description="how much worse open chat may score before it is a regression"
     )
     eval_max: int = Field(32, ge=1, description="held-out prompts evaluated per night (>= 1)")
-    anchors: int = Field(
-        16, ge=0, le=16, description="general requests whose own answers hold the model on a "
-        "night that imitates demonstrations (0..16; 0 = none)"
-    )
     probes_file: Path | None = Field(
         None, description="a JSONL file of {\"prompt\", \"expected\"} verifiable probes, or empty"
     )
