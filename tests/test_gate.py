@@ -159,6 +159,11 @@ def test_a_few_answers_sharing_a_shape_is_not_a_collapse():
     assert collapsed(before, numbers + before[3:]) is None
     assert collapsed(before, ["[A]", "[B]", "[C]", "[D]"] + before[4:]) == ("[a]", [0, 1, 2, 3])
     assert opening("  [Français]\nmore") == "[a]" and opening("-12.5 days") == "-9.9 a"
+    # Tool calls open with their tool: write_file for 2 open prompts before, 7 after.
+    calls = [f'write_file {{"content": "{i}", "path": "x{i}"}}' for i in range(7)]
+    assert opening(calls[0]) == "write_file {...}"
+    assert collapsed(calls[:2] + before[2:], calls + before[7:]) == ("write_file {...}",
+                                                                    list(range(7)))
 
 
 async def test_judged_eval_items_are_paired_on_the_zero_to_one_scale():

@@ -64,6 +64,7 @@ SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1
 # answer's start and for repetition to show, and it bounds the gate's time on a CPU.
 GATE_MAX_TOKENS = 128
 GATE_CONTEXT = 4096
+CALL_LINE = re.compile(r"([A-Za-z_][\w.-]*) \{")  # a call, as answer_text writes it
 # (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
 Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
@@ -122,16 +123,20 @@ def repetition(text: str, n: int = 4) -> float:
 
 def opening(text: str) -> str:
     """The shape of an answer's first line: letters, digits and spaces folded to one mark
-    each run, punctuation kept ("[RED]" and "[Français]" are both "[a]")."""
+    each run, punctuation kept ("[RED]" and "[Français]" are both "[a]"); a tool call
+    (``answer_text``'s ``name {args}``) is its tool's name."""
     line = text.strip().split("\n", 1)[0].strip()
+    if call := CALL_LINE.match(line):
+        return f"{call[1]} {{...}}"
     return re.sub(r"\s+", " ", re.sub(r"\d+", "9", re.sub(r"[^\W\d_]+", "a", line)))
 
 
 def collapsed(before: list[str], after: list[str]) -> tuple[str, list[int]] | None:
     """(shape, prompts) when a fifth or more of the open answers (at least 3) newly open
     with one shape: a practised format carried to prompts that never asked for it. The
-    judge does not see it (8 of 22 answers bracketed, judged +0.59 before, +0.57 after);
-    free answers differ in their words, and the base model's 22 share no shape twice."""
+    judge does not see it: 8 of 22 answers bracketed, judged +0.59 before and +0.57 after;
+    7 answered with write_file (2 before), judged +0.59 and +0.70. Free answers differ in
+    their words: the base model's 22 share no shape but a tool's name."""
     if not after:
         return None
     old, new = Counter(map(opening, before)), Counter(map(opening, after))
