@@ -135,7 +135,7 @@ def collapsed(before: list[str], after: list[str]) -> tuple[str, list[int]] | No
     """(shape, prompts) when a fifth or more of the open answers (at least 3) newly open
     with one shape: a practised format carried to prompts that never asked for it. The
     judge does not see it: 8 of 22 answers bracketed, judged +0.59 before and +0.57 after;
-    7 answered with write_file (2 before), judged +0.59 and +0.70. Free answers differ in
+    6 answered with write_file (2 before), judged +0.59 and +0.70. Free answers differ in
     their words: the base model's 22 share no shape but a tool's name."""
     if not after:
         return None
