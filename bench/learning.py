@@ -83,7 +83,8 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
         "agent": {"temperature": 0.0, "max_steps": args.max_steps,
                   "tools": args.tools or "auto"},
         "practice": {"temperature": args.temperature, "held_out_percent": 0,
-                     "max_steps": min(args.max_steps, Config().practice.max_steps)},
+                     "max_steps": args.practice_steps or min(args.max_steps,
+                                                             Config().practice.max_steps)},
         "night": {"probes_file": str(probes), "auto_promote": False},
         "train": train,
     }
@@ -314,6 +315,8 @@ def main() -> None:
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
+    parser.add_argument("--practice-steps", type=int,
+                        help="practice.max_steps (default: its default, at most --max-steps)")
     parser.add_argument("--chat-format", default=Config().model.chat_format,
                         help="model.chat_format (plain chatml offers no tool calls)")
     parser.add_argument("--tools", nargs="*", default=[],

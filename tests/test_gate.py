@@ -148,7 +148,7 @@ async def test_open_chat_collapsing_onto_one_shape_rejects_though_the_judge_is_b
     report = decide(before, after, SETTINGS)
     assert report.outcome == "reject"
     [reason] = report.reasons
-    assert reason.startswith("open chat collapsed: 5 of 22 answers now open as '[a]' "
+    assert reason.startswith("open chat collapsed: 5 of 22 answers newly open as '[a]' "
                              "(prompts [4, 6, 7, 11, 13])") and '"[RED]"' in reason
     assert [r["prompt"] for r in report.open_regressed] == [4, 6, 7, 11, 13]
 
@@ -159,11 +159,18 @@ def test_a_few_answers_sharing_a_shape_is_not_a_collapse():
     assert collapsed(before, numbers + before[3:]) is None
     assert collapsed(before, ["[A]", "[B]", "[C]", "[D]"] + before[4:]) == ("[a]", [0, 1, 2, 3])
     assert opening("  [Français]\nmore") == "[a]" and opening("-12.5 days") == "-9.9 a"
-    # Tool calls open with their tool: write_file for 2 open prompts before, 7 after.
+    # Tool calls open with their tool: write_file for 2 open prompts before, 7 after; the
+    # 5 new ones count, prompt by prompt.
     calls = [f'write_file {{"content": "{i}", "path": "x{i}"}}' for i in range(7)]
     assert opening(calls[0]) == "write_file {...}"
     assert collapsed(calls[:2] + before[2:], calls + before[7:]) == ("write_file {...}",
-                                                                    list(range(7)))
+                                                                    [2, 3, 4, 5, 6])
+    calls += [f'write_file {{"content": "{i}"}}' for i in range(7, 9)]
+    swapped = before[:4] + calls[4:9] + before[9:]  # 4 calls stop, 5 others start
+    assert collapsed(calls[:4] + before[4:], swapped) == ("write_file {...}", [4, 5, 6, 7, 8])
+    # Terse words or empty answers are not a format: the other checks see them.
+    assert collapsed(before, ["Red.", "Paris.", "Modern.", "Smokey.", "Yes!"] + before[5:]) is None
+    assert collapsed(before, [""] * 6 + before[6:]) is None
 
 
 async def test_judged_eval_items_are_paired_on_the_zero_to_one_scale():

@@ -16,8 +16,8 @@ decision is reproducible) give an interval of the mean at ``confidence``
 **Decision**, with its reasons:
 
 - *reject*: open chat regressed (an answer turned degenerate, i.e. repeats
-  itself where the old one did not; a fifth of the answers newly open with one
-  shape, ``collapsed``; or the judged open-chat score fell by more than
+  itself where the old one did not; about a fifth of the answers newly open
+  with one shape, ``collapsed``; or the judged open-chat score fell by more than
   ``regression_margin``), or the whole interval lies below the margin;
 - *inconclusive*: fewer than ``min_items`` items were scored on both sides, or
   the interval straddles the margin;
@@ -65,6 +65,7 @@ SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1
 GATE_MAX_TOKENS = 128
 GATE_CONTEXT = 4096
 CALL_LINE = re.compile(r"([A-Za-z_][\w.-]*) \{")  # a call, as answer_text writes it
+PLAIN = re.compile(r"[a ]*[.!?]?")  # an opening of words alone: no format
 # (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
 Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
@@ -122,9 +123,10 @@ def repetition(text: str, n: int = 4) -> float:
 
 
 def opening(text: str) -> str:
-    """The shape of an answer's first line: letters, digits and spaces folded to one mark
-    each run, punctuation kept ("[RED]" and "[Français]" are both "[a]"); a tool call
-    (``answer_text``'s ``name {args}``) is its tool's name."""
+    """The shape of an answer's first line: each run of letters folded to ``a``, of
+    digits to ``9``, of spaces to one space, punctuation kept ("[RED]" and "[Français]"
+    are both "[a]"); a first line that reads as a tool call (``answer_text``'s
+    ``name {args}``) is its tool's name."""
     line = text.strip().split("\n", 1)[0].strip()
     if call := CALL_LINE.match(line):
         return f"{call[1]} {{...}}"
@@ -132,18 +134,21 @@ def opening(text: str) -> str:
 
 
 def collapsed(before: list[str], after: list[str]) -> tuple[str, list[int]] | None:
-    """(shape, prompts) when a fifth or more of the open answers (at least 3) newly open
-    with one shape: a practised format carried to prompts that never asked for it. The
-    judge does not see it: 8 of 22 answers bracketed, judged +0.59 before and +0.57 after;
-    6 answered with write_file (2 before), judged +0.59 and +0.70. Free answers differ in
-    their words: the base model's 22 share no shape but a tool's name."""
-    if not after:
+    """(shape, prompts) when about a fifth of the open prompts (4 of 22; at least 3)
+    newly open with one shape: a practised format carried to prompts that never asked
+    for it. The judge does not see it: 8 of 22 answers bracketed (6 opening "[a]"),
+    judged +0.59 before and +0.57 after; 10 answered with tool calls (6 with write_file,
+    2 of them before), judged +0.59 and +0.70. Words alone ("Red.", "a a a.") and empty
+    answers are no format, and are left to the other checks."""
+    newly: dict[str, list[int]] = {}
+    for i, (old, new) in enumerate(zip(before, after)):
+        shape = opening(new)
+        if shape != opening(old) and not PLAIN.fullmatch(shape):
+            newly.setdefault(shape, []).append(i)
+    if not newly:
         return None
-    old, new = Counter(map(opening, before)), Counter(map(opening, after))
-    shape, count = max(new.items(), key=lambda kv: kv[1] - old[kv[0]])
-    if count - old[shape] < max(3, round(len(after) / 5)):
-        return None
-    return shape, [i for i, a in enumerate(after) if opening(a) == shape]
+    shape, prompts = max(newly.items(), key=lambda kv: len(kv[1]))
+    return (shape, prompts) if len(prompts) >= max(3, round(len(after) / 5)) else None
 
 
 def paired_interval(diffs: list[float], settings: GateSettings) -> tuple[float, float, float]:
@@ -233,7 +238,7 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
         shape, prompts = shared
         first = " ".join(after.open_answers[prompts[0]].split())[:60]
         reasons.append(f"open chat collapsed: {len(prompts)} of {len(after.open_answers)} "
-                       f"answers now open as {shape!r} (prompts {prompts}), e.g. "
+                       f"answers newly open as {shape!r} (prompts {prompts}), e.g. "
                        f'#{prompts[0]}: "{first}"')
     if before.open_score is not None and after.open_score is not None \
             and after.open_score < before.open_score - settings.regression_margin:

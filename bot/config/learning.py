@@ -135,7 +135,7 @@ class PracticeConfig(_Section):
     )
     samples: int = Field(4, ge=1, le=64, description="attempts per task by default (1..64)")
     max_steps: int = Field(
-        4, ge=1, le=100, description="model calls one practice attempt may make (1..100)"
+        4, ge=1, le=100, description="model calls one /practice attempt may make (1..100)"
     )
     held_out_percent: int = Field(
         20, ge=0, le=90, description="the share of each set's tasks held out for the gate (0..90)"

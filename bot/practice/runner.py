@@ -92,12 +92,12 @@ class _Tally:
                 "mean_reward": self.mean}
 
 
-def practice_agent(rt: Runtime) -> Agent:
-    """The runtime's agent, on the same components, at the practice temperature and
-    step limit."""
-    practice = rt.config.practice
-    agent = rt.config.agent.model_copy(update={"temperature": practice.temperature,
-                                               "max_steps": practice.max_steps})
+def practice_agent(rt: Runtime, max_steps: int | None = None) -> Agent:
+    """The runtime's agent, on the same components, at the practice temperature, and at
+    ``max_steps`` (else the agent's own limit) model calls a turn."""
+    agent = rt.config.agent.model_copy(update={
+        "temperature": rt.config.practice.temperature,
+        "max_steps": max_steps or rt.config.agent.max_steps})
     config = rt.config.model_copy(update={"agent": agent})
     return Agent(config, rt.llm, rt.store, rt.registry, rt.spaces.context,
                  rt.spaces.sys_section, stray=rt.agent.stray)
@@ -142,7 +142,7 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
         "practised": len(practised), "held_out": [t.id for t in held]})
     tally = _Tally(len(practised))
     await rt.store.update_job(run, state="running", progress=tally.progress())
-    agent = practice_agent(rt)
+    agent = practice_agent(rt, rt.config.practice.max_steps)
     workers = ChannelWorkers(agent.turn, queue_size=samples)
     state = "failed"
     rt.rounds.add(f"practice #{run}")  # a due night waits for the run to end
