@@ -34,7 +34,6 @@ import gc
 import inspect
 import random
 import re
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
