@@ -72,7 +72,8 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch"):
+    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch", "schedule",
+                "warmup_steps"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -217,11 +218,13 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
         result, since = load_day(args.day, work)
     sets, probes = write_sets(work, args)
     config = load_config(write_config(work, args, probes))
+    t = config.train
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
-          f"{args.chat_format}" + (f"; the day kept in {args.day}" if args.day else ""),
+          f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
+          f"imitation {t.imitation:g}" + (f"; the day kept in {args.day}" if args.day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not args.day:
@@ -312,6 +315,9 @@ def main() -> None:
                         help="model.context_tokens (and train.max_tokens)")
     parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
     parser.add_argument("--beta", type=float)
+    parser.add_argument("--schedule", choices=["constant", "linear", "cosine"],
+                        help="train.schedule (the learning rate over the steps)")
+    parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")

@@ -111,12 +111,31 @@ async def test_one_flipped_answer_among_many_is_inconclusive_not_a_promotion():
     assert report.lower < 0.05 <= report.upper and "includes the margin" in report.reasons[0]
 
 
+async def test_a_loop_that_moves_to_another_prompt_is_no_regression_but_is_kept():
+    # The base loops on #1; the candidate frees #1 and loops on #0: as many loops as before.
+    items = arithmetic(30)
+    loop = "go on " * 30
+    before, after = await sides(items, set(range(10)), set(range(28)),
+                                after_chat=[loop] + FINE_CHAT[1:],
+                                before_chat=FINE_CHAT[:1] + [loop] + FINE_CHAT[2:])
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "promote", report.reasons
+    assert [r["prompt"] for r in report.open_regressed] == [0]
+    # One loop more than before is a regression, whichever prompts they are on.
+    after_two = [loop, loop] + FINE_CHAT[2:]
+    before, after = await sides(items, set(range(10)), set(range(28)), after_chat=after_two,
+                                before_chat=FINE_CHAT[:1] + [loop] + FINE_CHAT[2:])
+    report = decide(before, after, SETTINGS)
+    assert report.outcome == "reject" and "2 of 22 answers loop, 1 before" in report.reasons[0]
+
+
 async def test_open_chat_turning_degenerate_rejects_even_a_clear_gain():
     items = arithmetic(30)
     looping = ["go on " * 30] + FINE_CHAT[1:]
     before, after = await sides(items, set(range(10)), set(range(28)), after_chat=looping)
     report = decide(before, after, SETTINGS)
     assert report.outcome == "reject" and "prompts [0] turned degenerate" in report.reasons[0]
+    assert "1 of 22 answers loop, 0 before" in report.reasons[0]
     assert 'e.g. #0: "go on go on' in report.reasons[0] and report.reasons[0].endswith('..."')
     # The answers are kept with the report, so a rejected night can be read.
     assert report.as_dict()["open_regressed"] == [

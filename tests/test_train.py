@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from trainer import train as T
+from trainer.lr_schedule import lr_factor
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 
 HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
@@ -496,3 +497,25 @@ def test_without_sharing_a_micro_batch_counts_every_row_whole(base_dir):
     checkpointed = T.load_model(base_dir, T.Settings(gradient_checkpointing=True))
     assert not T.sharing(checkpointed) and not T.Policy(checkpointed, 16).shares
     assert T.sharing(T.load_model(base_dir, T.Settings(gradient_checkpointing=False)))
+
+
+def test_each_step_trains_at_the_scheduled_rate(base_dir, tmp_path, monkeypatch):
+    # Adam's first update moves every LoRA weight with a gradient by about the rate itself
+    # (m / sqrt(v) = sign(g)); a fresh LoRA's B starts at zero, so after the first step its
+    # largest entry is the rate the optimizer was given.
+    load, models = T.load_model, []
+    monkeypatch.setattr(T, "load_model", lambda *a: models.append(load(*a)) or models[-1])
+
+    def largest_b() -> float:
+        return max(float(p.detach().abs().max()) for name, p in models[-1].named_parameters()
+                   if "lora_B" in name)
+
+    for schedule, warmup, first in (("constant", 0, 1.0), ("cosine", 3, 0.25)):
+        events, after_first = [], []
+        settings = T.Settings(steps=4, lr=1e-3, schedule=schedule, warmup_steps=warmup,
+                              progress=False)
+        T.train(_rows(), base_dir, tmp_path / schedule, settings,
+                on_step=lambda e: (events.append(e), after_first.append(largest_b())))
+        assert [e["lr"] for e in events] == pytest.approx(
+            [1e-3 * lr_factor(k, 4, schedule, warmup) for k in range(4)])
+        assert after_first[0] == pytest.approx(first * 1e-3, rel=1e-2)

@@ -15,8 +15,8 @@ decision is reproducible) give an interval of the mean at ``confidence``
 
 **Decision**, with its reasons:
 
-- *reject*: open chat regressed (an answer turned degenerate, i.e. repeats
-  itself where the old one did not; about a fifth of the answers newly open
+- *reject*: open chat regressed (more answers degenerate than before, i.e.
+  repeating themselves; about a fifth of the answers newly open
   with one shape, ``collapsed``; or the judged open-chat score fell by more than
   ``regression_margin``), or the whole interval lies below the margin;
 - *inconclusive*: fewer than ``min_items`` items were scored on both sides, or
@@ -226,11 +226,17 @@ def _open_regressed(before: Side, after: Side) -> list[dict]:
 def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]:
     reasons = []
     newly = _newly_degenerate(before, after)
-    if newly:
+    # Counted, not flipped: a small model loops on a few greedy answers, and any change of
+    # weights moves which ones (the base model loops on one of the 22; three nights each
+    # freed that one and looped on another). More loops than before is the regression.
+    looping = sum(after.degenerate), sum(before.degenerate)
+    if newly and looping[0] > looping[1]:
         example = after.open_answers[newly[0]] if newly[0] < len(after.open_answers) else ""
         shown = " ".join(example.split())
         shown = shown[:100] + ("..." if len(shown) > 100 else "")
-        reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition)"
+        reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition; "
+                       f"{looping[0]} of {len(after.degenerate)} answers loop, "
+                       f"{looping[1]} before)"
                        + (f', e.g. #{newly[0]}: "{shown}"' if shown else ""))
     shared = collapsed(before.open_answers, after.open_answers)
     if shared:

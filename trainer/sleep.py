@@ -57,7 +57,7 @@ def checkpointing(setting: str, base_dir: Path) -> bool:
     return size >= 1 << 30
 
 
-HISTORY_KEYS = ("step", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
+HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
 
 
 def _rounded(value: object) -> object:
@@ -132,7 +132,8 @@ class Night:
 
         t = self.config.train
         settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
-                            lr=t.lr, batch=t.batch, micro_batch=t.micro_batch,
+                            lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
+                            batch=t.batch, micro_batch=t.micro_batch,
                             micro_tokens=t.micro_tokens, epochs=t.epochs,
                             steps=t.steps or None, min_steps=t.min_steps,
                             max_epochs=t.max_epochs,
@@ -157,7 +158,7 @@ class Night:
 
     async def _training_step(self, event: dict) -> None:
         await self.check()
-        keep = ("step", "steps", "oapl", "echo", "imitation", "total", "tokens_per_s",
+        keep = ("step", "steps", "lr", "oapl", "echo", "imitation", "total", "tokens_per_s",
                 "logratio_pos", "logratio_neg")
         step = {k: event[k] for k in keep if k in event}
         # Every step's loss parts and log-ratios, for the night report's loss plot: a

@@ -13,7 +13,8 @@ Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
    ``imitation_loss`` on demonstrations (``trainer.losses``); backward,
    weighted so the accumulated gradient is that of the batch means (messages
    for OAPL, sequences for ECHO and imitation).
-3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only.
+3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only, at the
+   step's rate (``trainer.lr_schedule``: a warmup, then constant or decaying).
 
 Steps: ``steps`` when set; else ``epochs`` passes over the data, but never
 fewer than ``min_steps`` (16): a day's data is often one batch, and 1-3 Adam
@@ -88,6 +89,7 @@ from trainer.examples import (  # noqa: F401 - re-exported
     oapl_reads,
 )
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.lr_schedule import SCHEDULES, lr_factor
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import FUNCTION_CALLING
 
@@ -99,7 +101,9 @@ class Settings:
     beta: float = 0.1  # OAPL's KL strength; 1e-3 collapsed a prototype
     echo_lambda: float = 0.05  # weight of the observation cross-entropy
     imitation: float = 1.0  # weight of the demonstrations' cross-entropy
-    lr: float = 2e-4
+    lr: float = 2e-4  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
+    schedule: str = "constant"
+    warmup_steps: int = 0
     batch: int = 64  # sequences per optimizer step (gradient accumulation)
     micro_batch: int = 16  # the most sequences per forward/backward
     # The most tokens a forward/backward computes: a shared prompt prefix counts once, each
@@ -342,7 +346,10 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     bar = tqdm(total=steps, desc="train", disable=not show)
     batches = _batches(len(examples), settings, accelerator.num_processes)
     for step, (chosen, weight) in zip(range(1, steps + 1), batches):
-        event = {"step": step, "steps": steps,
+        rate = settings.lr * lr_factor(step - 1, steps, settings.schedule, settings.warmup_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        event = {"step": step, "steps": steps, "lr": rate,
                  **_train_step(ctx, [examples[i] for i in chosen], weight)}
         seen += event["tokens"]
         history.append(event)
@@ -374,11 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", required=True, help="the HF checkpoint to start from")
     parser.add_argument("--out", required=True, help="where the PEFT adapter is written")
     for name in ("steps", "epochs", "min_steps", "max_epochs", "batch", "micro_batch", "micro_tokens",
-                 "max_tokens", "seed",
+                 "max_tokens", "seed", "warmup_steps",
                  "chunk"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "imitation", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
+                        help="the learning rate over the steps (trainer.lr_schedule)")
     parser.add_argument("--chat-format", default=defaults.chat_format,
                         help="the chat format the server used (python -m bot doctor says which)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")

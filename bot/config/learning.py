@@ -96,7 +96,13 @@ class TrainConfig(_Section):
     imitation: float = Field(
         1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
     )
-    lr: float = Field(1e-3, gt=0, le=1e-2, description="a learning rate in (0, 0.01]")
+    lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "cosine", description='the rate over the steps: "constant", "linear" or "cosine"'
+    )
+    warmup_steps: int = Field(
+        2, ge=0, le=1000, description="optimizer steps rising to the peak rate (0..1000)"
+    )
     batch: int = Field(32, ge=1, description="sequences per optimizer step (>= 1)")
     micro_batch: int = Field(16, ge=1, description="the most sequences per forward pass (>= 1)")
     micro_tokens: int = Field(
