@@ -96,7 +96,8 @@ async def test_each_training_step_is_kept_in_the_jobs_progress(tmp_path):
         job_id = await store.create_job("sleep", {})
         night = Night(config, store, job_id)
         for step, neg in ((1, None), (2, -0.5)):
-            await night._training_step({"step": step, "steps": 2, "oapl": 0.5 / step,
+            await night._training_step({"step": step, "steps": 2, "lr": 1e-3 / step,
+                                        "oapl": 0.5 / step,
                                         "echo": 0.1, "imitation": 0.2 * step,
                                         "total": 0.5 / step + 0.1,
                                         "logratio_pos": 0.01 * step, "logratio_neg": neg,
@@ -105,9 +106,9 @@ async def test_each_training_step_is_kept_in_the_jobs_progress(tmp_path):
     finally:
         await store.close()
     assert progress["train_history"] == [
-        {"step": 1, "oapl": 0.5, "echo": 0.1, "imitation": 0.2, "total": 0.6,
+        {"step": 1, "lr": 1e-3, "oapl": 0.5, "echo": 0.1, "imitation": 0.2, "total": 0.6,
          "logratio_pos": 0.01, "logratio_neg": None},
-        {"step": 2, "oapl": 0.25, "echo": 0.1, "imitation": 0.4, "total": 0.35,
+        {"step": 2, "lr": 5e-4, "oapl": 0.25, "echo": 0.1, "imitation": 0.4, "total": 0.35,
          "logratio_pos": 0.02, "logratio_neg": -0.5}]
     assert progress["train_step"]["total"] == 0.35
 

@@ -102,8 +102,9 @@ class GateReport:
     open_before: float | None = None
     open_after: float | None = None
     families: dict[str, dict] = field(default_factory=dict)  # family_scores
-    # The open prompts that turned degenerate, with both answers: what a reader of a
-    # rejected night needs to see, and the gate keeps no other copy of them.
+    # The open prompts that turned degenerate or collapsed, with both answers: what a
+    # reader of the night needs to see (also when a loop only moved), and the gate keeps
+    # no other copy of them.
     open_regressed: list[dict] = field(default_factory=list)
 
     @property
@@ -191,6 +192,10 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
     else:
         report.reasons = [f"{interval}: it includes the margin {settings.margin:+.3f}; more "
                           "held-out items would decide"]
+    if not regressions and (moved := _newly_degenerate(before, after)):
+        report.reasons.append(f"open chat: a loop moved to prompts {moved} "
+                              f"({sum(after.degenerate)} of {len(after.degenerate)} answers "
+                              f"loop, as many as before)")
     return report
 
 
@@ -229,14 +234,14 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
     # Counted, not flipped: a small model loops on a few greedy answers, and any change of
     # weights moves which ones (the base model loops on one of the 22; three nights each
     # freed that one and looped on another). More loops than before is the regression.
-    looping = sum(after.degenerate), sum(before.degenerate)
-    if newly and looping[0] > looping[1]:
+    loops_before, loops_after = sum(before.degenerate), sum(after.degenerate)
+    if loops_after > loops_before:
         example = after.open_answers[newly[0]] if newly[0] < len(after.open_answers) else ""
         shown = " ".join(example.split())
         shown = shown[:100] + ("..." if len(shown) > 100 else "")
         reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition; "
-                       f"{looping[0]} of {len(after.degenerate)} answers loop, "
-                       f"{looping[1]} before)"
+                       f"{loops_after} of {len(after.degenerate)} answers loop, "
+                       f"{loops_before} before)"
                        + (f', e.g. #{newly[0]}: "{shown}"' if shown else ""))
     shared = collapsed(before.open_answers, after.open_answers)
     if shared:

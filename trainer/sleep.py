@@ -60,8 +60,11 @@ def checkpointing(setting: str, base_dir: Path) -> bool:
 HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
 
 
-def _rounded(value: object) -> object:
-    return round(value, 6) if isinstance(value, float) else value
+def _rounded(value: object, significant: int | None = None) -> object:
+    """Six decimals, or ``significant`` digits (a learning rate is 1e-3 or smaller)."""
+    if not isinstance(value, float):
+        return value
+    return float(f"{value:.{significant}g}") if significant else round(value, 6)
 
 
 class Cancelled(Exception):
@@ -164,7 +167,7 @@ class Night:
         # Every step's loss parts and log-ratios, for the night report's loss plot: a
         # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL).
         history = self.progress.setdefault("train_history", [])
-        history.append({k: _rounded(event.get(k)) for k in HISTORY_KEYS})
+        history.append({k: _rounded(event.get(k), 4 if k == "lr" else None) for k in HISTORY_KEYS})
         await self.set(train_step=step, train_history=history)
 
     async def export(self, base_dir: Path, steps: int, base_gguf: Path) -> Path:

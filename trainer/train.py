@@ -89,7 +89,7 @@ from trainer.examples import (  # noqa: F401 - re-exported
     oapl_reads,
 )
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
-from trainer.lr_schedule import SCHEDULES, lr_factor
+from trainer.lr_schedule import SCHEDULES, check, lr_factor
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import FUNCTION_CALLING
 
@@ -305,6 +305,11 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     }
 
 
+def _set_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = rate
+
+
 def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
           settings: Settings | None = None,
           on_step: Callable[[dict], None] | None = None) -> TrainResult:
@@ -314,6 +319,7 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     from transformers import AutoTokenizer
 
     settings = settings or Settings()
+    check(settings.schedule, settings.warmup_steps)  # before minutes of loading
     if not Path(base_dir, "config.json").is_file():  # else transformers takes it for a hub id
         raise FileNotFoundError(f"the base checkpoint {base_dir} is missing (no config.json "
                                 "there); point it at an HF model folder")
@@ -346,10 +352,9 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     bar = tqdm(total=steps, desc="train", disable=not show)
     batches = _batches(len(examples), settings, accelerator.num_processes)
     for step, (chosen, weight) in zip(range(1, steps + 1), batches):
-        rate = settings.lr * lr_factor(step - 1, steps, settings.schedule, settings.warmup_steps)
-        for group in optimizer.param_groups:
-            group["lr"] = rate
-        event = {"step": step, "steps": steps, "lr": rate,
+        _set_rate(optimizer, settings.lr * lr_factor(step - 1, steps, settings.schedule,
+                                                     settings.warmup_steps))
+        event = {"step": step, "steps": steps, "lr": optimizer.param_groups[0]["lr"],
                  **_train_step(ctx, [examples[i] for i in chosen], weight)}
         seen += event["tokens"]
         history.append(event)
