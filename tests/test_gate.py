@@ -122,7 +122,7 @@ async def test_a_loop_that_moves_to_another_prompt_is_no_regression_but_is_kept(
     assert report.outcome == "promote", report.reasons
     assert [r["prompt"] for r in report.open_regressed] == [0]
     assert report.reasons[-1] == ("open chat: a loop moved to prompts [0] (1 of 22 answers "
-                                  "loop, as many as before)")
+                                  "loop, 1 before)")
     # One loop more than before is a regression, whichever prompts they are on.
     after_two = [loop, loop] + FINE_CHAT[2:]
     before, after = await sides(items, set(range(10)), set(range(28)), after_chat=after_two,

@@ -195,7 +195,7 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
     if not regressions and (moved := _newly_degenerate(before, after)):
         report.reasons.append(f"open chat: a loop moved to prompts {moved} "
                               f"({sum(after.degenerate)} of {len(after.degenerate)} answers "
-                              f"loop, as many as before)")
+                              f"loop, {sum(before.degenerate)} before)")
     return report
 
 
@@ -236,7 +236,8 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
     # freed that one and looped on another). More loops than before is the regression.
     loops_before, loops_after = sum(before.degenerate), sum(after.degenerate)
     if loops_after > loops_before:
-        example = after.open_answers[newly[0]] if newly[0] < len(after.open_answers) else ""
+        example = after.open_answers[newly[0]] if newly and newly[0] < len(after.open_answers) \
+            else ""
         shown = " ".join(example.split())
         shown = shown[:100] + ("..." if len(shown) > 100 else "")
         reasons.append(f"open chat regressed: prompts {newly} turned degenerate (repetition; "
