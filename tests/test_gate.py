@@ -26,7 +26,6 @@ from trainer.gate import (
     generate,
     opening,
     paired_interval,
-    repetition,
     run_gate,
     score_side,
 )
@@ -41,6 +40,7 @@ from trainer.gate_items import (
     read_items,
     score_check,
 )
+from trainer.loops import repetition
 
 SETTINGS = GateSettings(margin=0.05, regression_margin=0.5, min_items=20)
 FINE_CHAT = [f"a plain answer number {i}" for i in range(len(OPEN_PROMPTS))]

@@ -13,11 +13,12 @@ from bot.storage.schema import Episode, StoredStep
 from bot.storage.store import Store
 from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
 from trainer.advantages import episode_row
-from trainer.judge import SubTask
+from trainer.judge import Message, SubTask
 from trainer.rewards import (
     REFERENCE,
     VERIFIER_EVENT,
     group_relative,
+    looped,
     person_reward,
     read_verifier_event,
     task_advantages,
@@ -197,6 +198,48 @@ async def test_practice_attempts_of_one_task_are_measured_against_their_group_me
     # rewards 1, -1, 1 around their mean 1/3 (equal lengths: no length term)
     assert [round(tasks[e], 6) for e in sorted(tasks)[:3]] == [0.666667, -1.333333, 0.666667]
     assert tasks[single] == 1.0  # a group of one falls back to the value model (r_hat = 0)
+
+
+async def test_an_attempt_that_loops_fails_whatever_its_check_gave(store, tmp_path, embedder):
+    """A check sees the outcome: "the right file, the wrong content" (0.5) for a file whose
+    content repeats one sentence would rise above peers that wrote nothing. A loop is held
+    down to the step limit's reward; a person who saw it and accepted it still rules."""
+    loop = "The file has been written to the file. " * 12
+    for i, (reward, answer) in enumerate(((0.5, loop), (0.0, "I could not."), (0.0, "No."))):
+        channel = f"practice-{i}"
+        episode, _, _ = await tool_episode(store, channel, answer=answer)
+        await store.add_event(channel, episode, VERIFIER_EVENT, {
+            "reward": reward, "check": "python:f.py", "task": "t1", "group": "run1:t1"})
+    liked, _, _ = await tool_episode(store, "liked", answer=loop)
+    await store.add_label(liked, "accepted", "reaction")
+    server = await serve(always(2))
+    try:
+        result, _ = await run(config_for(tmp_path), store, server, embedder)
+    finally:
+        await server.stop()
+    got = {c: (s.source, s.check, s.reward) for c, s in by_channel(result).items()}
+    assert got["practice-0"] == ("verifier", "python:f.py, looped", -1.0)
+    assert got["practice-1"] == ("verifier", "python:f.py", -1.0)
+    assert got["liked"] == ("person", "label", 1.0)
+    assert result.counts["looped"] == 1
+    # All three attempts now failed alike: the group is held by its first, nothing pushed up.
+    tasks = {r["episode_id"]: r["parts"]["task"] for r in await store.advantages(1)
+             if "task" in r["parts"]}
+    assert not any(a > 0 for e, a in tasks.items() if e != liked)
+
+
+def test_a_loop_in_a_calls_arguments_is_a_loop():
+    def said(content="", calls=None):
+        return Message(0, 1, 1, "assistant", content, calls)
+
+    written = json.dumps({"path": "lemon.txt", "content": "It is done. " * 15})
+    call = [{"id": "c", "type": "function", "function": {"name": "write_file",
+                                                         "arguments": written}}]
+    assert looped([said(calls=call)])
+    assert looped([said("fine"), said("again and again, " * 10)])
+    assert not looped([said("The capital of France is Paris, a city on the Seine.")])
+    harness = Message(0, 1, 1, "assistant", "no no no no " * 10, None, harness=True)
+    assert not looped([harness])  # the stray-turn probe's answer is the harness's text
 
 
 def test_the_verifier_event_contract():

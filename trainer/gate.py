@@ -54,6 +54,7 @@ from trainer.gate_items import (
     heldout_items,
     score_check,
 )
+from trainer.loops import loops
 
 SCORE_SYSTEM = ("You grade an AI assistant's answer to a request: 2 = excellent, 1 = good, "
                 "0 = unclear, -1 = poor, -2 = wrong or harmful. Answer only with JSON.")
@@ -63,7 +64,7 @@ SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1
 # answer's start and for repetition to show, and it bounds the gate's time on a CPU.
 GATE_MAX_TOKENS = 128
 GATE_CONTEXT = 4096
-CALL_LINE = re.compile(r"([A-Za-z_][\w.-]*) \{")  # a call, as answer_text writes it
+CALL_LINE = re.compile(r"([A-Za-z_][\w.-]*) \{")  # a call, as reply_text writes it
 PLAIN = re.compile(r"[a ]*[.!?]?")  # an opening of words alone: no format
 # (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
 Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
@@ -115,17 +116,10 @@ class GateReport:
         return {**asdict(self), "passed": self.passed}
 
 
-def repetition(text: str, n: int = 4) -> float:
-    """Share of word n-grams that repeat an earlier one: near 1 for a loop."""
-    words = text.split()
-    grams = [tuple(words[i:i + n]) for i in range(max(0, len(words) - n + 1))]
-    return 0.0 if len(grams) < 4 else 1 - len(set(grams)) / len(grams)
-
-
 def opening(text: str) -> str:
     """The shape of an answer's first line: each run of letters folded to ``a``, of
     digits to ``9``, of spaces to one space, punctuation kept ("[RED]" and "[Français]"
-    are both "[a]"); a first line that reads as a tool call (``answer_text``'s
+    are both "[a]"); a first line that reads as a tool call (``reply_text``'s
     ``name {args}``) is its tool's name."""
     line = text.strip().split("\n", 1)[0].strip()
     if call := CALL_LINE.match(line):
@@ -293,7 +287,7 @@ async def score_side(client: JsonClient, items: list[Item], answers: list[str],
                      open_answers: list[str], scorer: Scorer = score_check) -> Side:
     """Score one model's answers: checks by ``scorer``, the rest and open chat by the judge."""
     side = Side(answers={i.id: a for i, a in zip(items, answers)},
-                degenerate=[repetition(a) > 0.5 for a in open_answers],
+                degenerate=[loops(a) for a in open_answers],
                 open_answers=list(open_answers))
     judged = [(i, a) for i, a in zip(items, answers) if i.check is None]
     scores = await judged_scores(client, [i.request for i, _ in judged], [a for _, a in judged])

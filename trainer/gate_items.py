@@ -40,6 +40,7 @@ from pathlib import Path
 from bot.config import Config
 from bot.serving.wire import call_head, needs_tool_choice, server_messages
 from bot.storage.store import Store
+from trainer.loops import reply_text
 
 logger = logging.getLogger("nightshift.gate")
 
@@ -161,15 +162,6 @@ def score_check(check: dict, answer: str) -> float | None:
     return None
 
 
-def answer_text(message: dict) -> str:
-    """The reply's words, or its tool calls as ``name {args}`` lines."""
-    calls = message.get("tool_calls") or []
-    if calls:
-        return "\n".join(f"{c['function']['name']} {c['function'].get('arguments') or '{}'}"
-                         for c in calls)
-    return message.get("content") or ""
-
-
 def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_format: str,
                    max_tokens: int) -> list[str]:
     """Greedy replies of an in-process ``llama_cpp.Llama``, each requested as the bot's
@@ -210,7 +202,7 @@ def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_form
                 call = ask(requests[i], {"type": "function", "function": {"name": name}})
                 if call.get("tool_calls"):
                     replies[i] = call
-    return [answer_text(message) for message in replies]
+    return [reply_text(message) for message in replies]
 
 
 def _normal(text: str) -> str:

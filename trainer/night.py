@@ -41,6 +41,7 @@ from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
 from trainer.context import prefix_refs, with_context
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
 from trainer.rewards import (
+    LOOPED,
     agreement,
     episode_subtask,
     group_relative,
@@ -166,6 +167,8 @@ def _by_precedence(collection: Collection, days: dict, judged: list[SubTask], se
     subtasks = [*ruling.values(), *kept]
     for s in subtasks:
         counts[f"source:{s.source}"] += 1
+        if s.check.endswith(LOOPED):
+            counts["looped"] += 1  # a check's reward held down: the attempt looped
     counts["subtasks_overridden"] = len(judged) - len(kept)
     return ruling, subtasks, agreed
 

@@ -40,6 +40,13 @@ agrees with the people (and the checks): the measure of how far to trust it.
 - ``"check": "reference"`` marks a demonstration (a practice task's reference
   answer): it is imitated, and it is neither baselined nor in its group's mean.
 
+**A loop fails.** A check sees an attempt's outcome, not its text: a
+``write_file`` whose content repeats one sentence to the token limit is "the
+right file, the wrong content" and would rise above peers that wrote nothing.
+An episode with a check's reward whose agent message loops (``trainer.loops``,
+the gate's own measure) gets ``night.aborted_reward`` instead, its check
+marked ``looped``, so no night teaches the repetition the gate rejects.
+
 **The step limit.** An episode the agent did not finish (status ``aborted``:
 the step limit, or too many malformed tool calls) is a failure to learn
 from: without a check's reward or a label it gets ``night.aborted_reward``
@@ -56,10 +63,12 @@ from dataclasses import dataclass
 from bot.config import NightConfig
 from bot.storage.store import Episode
 from trainer.judge import Message, SubTask, turns_used
+from trainer.loops import loops, reply_text
 
 VERIFIER_EVENT = "verifier_reward"
 PERSON_REWARDS = {"accepted": 1.0, "verified": 1.0, "rejected": -1.0}
 STEP_LIMIT = "step-limit"
+LOOPED = ", looped"  # appended to the check of a reward a loop held down
 REFERENCE = "reference"  # the check of a demonstration (bot.practice.runner writes it)
 _DESCRIPTION_CHARS = 300
 
@@ -130,11 +139,20 @@ def episode_subtask(episode: Episode, day: list[Message], verified: VerifierRewa
     if span is None:
         return None
     start, end = span
+    if source == "verifier" and check != REFERENCE and reward > settings.aborted_reward \
+            and looped(day[start:end + 1]):
+        reward, check = settings.aborted_reward, check + LOOPED
     request = next((m.content for m in day[start:end + 1] if m.role == "user" and not m.harness), "")
     description = " ".join(request.split())[:_DESCRIPTION_CHARS] or f"episode {episode.id}"
     return SubTask(episode.channel_id, start, end, description, reward, turns_used(day, start, end),
                    source=source, key=f"{episode.channel_id}:episode:{episode.id}", check=check,
                    group=group)
+
+
+def looped(messages: list[Message]) -> bool:
+    """Whether one of the agent's messages loops (``trainer.loops``)."""
+    return any(loops(reply_text({"content": m.content, "tool_calls": m.tool_calls}))
+               for m in messages if m.role == "assistant" and not m.harness)
 
 
 def overridden(subtask: SubTask, day: list[Message], ruled: set[int]) -> bool:
