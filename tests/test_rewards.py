@@ -203,7 +203,7 @@ async def test_practice_attempts_of_one_task_are_measured_against_their_group_me
 async def test_an_attempt_that_loops_fails_whatever_its_check_gave(store, tmp_path, embedder):
     """A check sees the outcome: "the right file, the wrong content" (0.5) for a file whose
     content repeats one sentence would rise above peers that wrote nothing. A loop is held
-    down to the step limit's reward; a person who saw it and accepted it still rules."""
+    down to the step limit's reward; a person's label on an unchecked loop still rules."""
     loop = "The file has been written to the file. " * 12
     for i, (reward, answer) in enumerate(((0.5, loop), (0.0, "I could not."), (0.0, "No."))):
         channel = f"practice-{i}"

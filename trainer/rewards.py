@@ -45,7 +45,9 @@ agrees with the people (and the checks): the measure of how far to trust it.
 right file, the wrong content" and would rise above peers that wrote nothing.
 An episode with a check's reward whose agent message loops (``trainer.loops``,
 the gate's own measure) gets ``night.aborted_reward`` instead, its check
-marked ``looped``, so no night teaches the repetition the gate rejects.
+marked ``looped``, so no night teaches the repetition the gate rejects
+(the judge's agreement with checks reads that held-down reward). A
+demonstration is never held down.
 
 **The step limit.** An episode the agent did not finish (status ``aborted``:
 the step limit, or too many malformed tool calls) is a failure to learn
