@@ -236,6 +236,10 @@ def test_a_loop_in_a_calls_arguments_is_a_loop():
     call = [{"id": "c", "type": "function", "function": {"name": "write_file",
                                                          "arguments": written}}]
     assert looped([said(calls=call)])
+    lines = json.dumps({"path": "log.txt", "content": "ok\n" * 30})  # escaped newlines
+    assert looped([said(calls=[{"function": {"name": "write_file", "arguments": lines}}])])
+    assert looped([said("we go round, " * 10, calls=[{"function": {"name": "list_dir",
+                                                                   "arguments": "{}"}}])])
     assert looped([said("fine"), said("again and again, " * 10)])
     assert not looped([said("The capital of France is Paris, a city on the Seine.")])
     harness = Message(0, 1, 1, "assistant", "no no no no " * 10, None, harness=True)

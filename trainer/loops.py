@@ -16,7 +16,7 @@ LOOP_SHARE = 0.5  # share of repeated word 4-grams above which a reply is a loop
 
 def repetition(text: str, n: int = 4) -> float:
     """Share of word n-grams that repeat an earlier one: near 1 for a loop."""
-    words = text.split()
+    words = text.replace("\\n", " ").split()  # a call's JSON arguments escape their newlines
     grams = [tuple(words[i:i + n]) for i in range(max(0, len(words) - n + 1))]
     return 0.0 if len(grams) < 4 else 1 - len(set(grams)) / len(grams)
 

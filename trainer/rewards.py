@@ -153,7 +153,7 @@ def episode_subtask(episode: Episode, day: list[Message], verified: VerifierRewa
 
 def looped(messages: list[Message]) -> bool:
     """Whether one of the agent's messages loops (``trainer.loops``)."""
-    return any(loops(reply_text({"content": m.content, "tool_calls": m.tool_calls}))
+    return any(loops(m.content) or loops(reply_text({"tool_calls": m.tool_calls}))
                for m in messages if m.role == "assistant" and not m.harness)
 
 
