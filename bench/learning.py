@@ -57,6 +57,7 @@ from bot.practice.sets import PracticeSet, load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
+from sandbox.bwrap import find_bwrap  # noqa: E402
 
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
 # --quick offers these four tools, not all 40: their list is ~700 prompt tokens, not ~3,300,
@@ -342,6 +343,10 @@ def main() -> None:
         args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
         args.tools = args.tools or QUICK_TOOLS
     args.gguf = find_gguf(args.gguf)
+    if "tool" in args.families and find_bwrap() is None:
+        # Without the sandbox every python check comes back unjudged: a whole run for nothing.
+        parser.error("the tool family's checks run in the sandbox, and bubblewrap is missing "
+                     "(apt-get install bubblewrap); `python -m bot doctor` checks a set-up")
     started = time.monotonic()
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)

@@ -63,3 +63,22 @@ def test_the_report_names_the_gates_outcome_and_its_open_chat_scores(capsys):
     learning.report({**result, "night": {"job": {"progress": {"gate": {
         "outcome": "inconclusive", "passed": False, "gain": None, "reasons": []}}}}}, 0.0)
     assert "gate: inconclusive (no paired items)" in capsys.readouterr().out
+
+
+def test_a_run_whose_checks_need_the_missing_sandbox_is_refused_before_it_starts(
+        monkeypatch, capsys):
+    """Without bubblewrap every tool check comes back unjudged: a 15-minute run that can only
+    report nothing learnt. The arithmetic and protocol families need no sandbox."""
+    monkeypatch.setattr(learning, "find_bwrap", lambda: None)
+    monkeypatch.setattr(learning, "find_gguf", lambda gguf: "model.gguf")
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--quick"])
+    with pytest.raises(SystemExit):
+        learning.main()
+    assert "bubblewrap is missing" in capsys.readouterr().err
+    started = []
+    monkeypatch.setattr(learning, "run", lambda args, work: started.append(args.families))
+    monkeypatch.setattr(learning, "report", lambda result, t: None)
+    monkeypatch.setattr(learning.asyncio, "run", lambda value: value)
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--quick", "--families", "protocol"])
+    learning.main()
+    assert started == [["protocol"]]
