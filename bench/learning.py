@@ -73,8 +73,8 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "imitation_norm", "min_steps", "batch",
-                "schedule", "warmup_steps"):
+    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch", "schedule",
+                "warmup_steps"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -104,9 +104,6 @@ def write_sets(work: Path, args: argparse.Namespace) -> tuple[dict, Path]:
     sets, probes = {}, []
     for family in args.families:
         train, held = items(family, args.train, args.held, args.seed)
-        if len(train) < args.train:
-            print(f"the {family} family has only {len(train) + len(held)} distinct items: "
-                  f"{len(train)} practised, not {args.train}", flush=True)
         sets[family] = (write_set(work / "sets", family, train),
                         write_set(work / "sets", f"{family}-heldout", held))
         probes += [{"prompt": t["prompt"], "expected": t["check"]["exact"]}
@@ -228,7 +225,7 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
-          f"imitation {t.imitation:g} per {t.imitation_norm}" + (f"; the day kept in {args.day}" if args.day else ""),
+          f"imitation {t.imitation:g}" + (f"; the day kept in {args.day}" if args.day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not args.day:
@@ -323,8 +320,6 @@ def main() -> None:
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
-    parser.add_argument("--imitation-norm", choices=["sequence", "token"],
-                        help="train.imitation_norm (the demonstrations' mean)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
     parser.add_argument("--practice-steps", type=int,

@@ -120,17 +120,3 @@ def test_imitation_is_the_weighted_length_normalised_ce_of_demonstration_tokens(
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
     assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0
-
-
-def test_imitation_per_token_weighs_each_demonstrated_token_alike():
-    # A two-token choice and a six-token call: per sequence each weighs half, so a token of
-    # the choice counts three times a token of the call; per token they count the same.
-    logp = torch.tensor([[-1.0, -1.0, 0, 0, 0, 0], [-3.0] * 6], requires_grad=True)
-    demo = torch.tensor([[True, True, False, False, False, False], [True] * 6])
-    assert imitation_loss(logp, demo).item() == pytest.approx((1.0 + 3.0) / 2)
-    per_token = imitation_loss(logp, demo, per="token")
-    assert per_token.item() == pytest.approx((2 * 1.0 + 6 * 3.0) / 8)
-    per_token.backward()
-    assert torch.allclose(logp.grad[demo], torch.full((8,), -1 / 8))
-    with pytest.raises(ValueError, match="per must be"):
-        imitation_loss(logp, demo, per="message")

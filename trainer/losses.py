@@ -122,19 +122,9 @@ def imitation_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
     demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
     weight: float = 1.0,
-    per: str = "sequence",
 ) -> torch.Tensor:
-    """weight * the CE of the demonstrations: the mean over sequences of each one's
-    length-normalised CE (``per="sequence"``), or the mean over all their tokens
-    (``per="token"``)."""
-    if per == "sequence":
-        return weight * masked_nll(logp, demo_mask)
-    if per != "token":
-        raise ValueError(f"per must be 'sequence' or 'token', not {per!r}")
-    n = demo_mask.sum()
-    if int(n) == 0:
-        return logp.sum() * 0.0
-    return weight * -(torch.where(demo_mask, logp, torch.zeros_like(logp))).sum() / n
+    """weight * mean over sequences of the length-normalised CE of their demonstrations."""
+    return weight * masked_nll(logp, demo_mask)
 
 
 def sdft_loss(

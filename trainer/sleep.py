@@ -135,7 +135,6 @@ class Night:
 
         t = self.config.train
         settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
-                            imitation_norm=t.imitation_norm,
                             lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
                             batch=t.batch, micro_batch=t.micro_batch,
                             micro_tokens=t.micro_tokens, epochs=t.epochs,

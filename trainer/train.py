@@ -101,7 +101,6 @@ class Settings:
     beta: float = 0.1  # OAPL's KL strength; 1e-3 collapsed a prototype
     echo_lambda: float = 0.05  # weight of the observation cross-entropy
     imitation: float = 1.0  # weight of the demonstrations' cross-entropy
-    imitation_norm: str = "sequence"  # its mean: over sequences, or over tokens
     lr: float = 2e-4  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
     schedule: str = "constant"
     warmup_steps: int = 0
@@ -255,8 +254,7 @@ def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pa
     oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
-    imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation,
-                               per=settings.imitation_norm)
+    imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation)
     return oapl, echo, imitation, stats
 
 
@@ -273,16 +271,13 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     demos = sum(bool(e.demo.any()) for e in chosen)
-    per_token = settings.imitation_norm == "token"
-    all_demo = max(sum(int(e.demo.sum()) for e in chosen) if per_token else demos, 1)
+    all_demo = max(demos, 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
-        in_micro = (sum(int(e.demo.sum()) for e in micro) if per_token
-                    else sum(bool(e.demo.any()) for e in micro))
-        w_demo = in_micro / all_demo * acc.num_processes * weight
+        w_demo = sum(bool(e.demo.any()) for e in micro) / all_demo * acc.num_processes * weight
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:
             oapl, echo, imitation, stats = micro_losses(policy, micro, settings, ctx["pad_id"],
