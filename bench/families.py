@@ -27,7 +27,12 @@ WORDS = ["apple", "river", "stone", "cloud", "tiger", "lemon", "piano", "rocket"
          "silver", "candle", "forest", "window", "bottle", "castle", "pencil", "orange",
          "planet", "button", "shadow", "anchor", "basket", "copper", "dragon", "falcon",
          "harbor", "island", "jacket", "kettle", "ladder", "marble", "needle", "oyster",
-         "parrot", "quartz", "rabbit", "saddle", "tunnel", "violet", "walnut"]
+         "parrot", "quartz", "rabbit", "saddle", "tunnel", "violet", "walnut", "bridge",
+         "camera", "desert", "engine", "feather", "ginger", "helmet", "igloo", "jungle",
+         "ketchup", "lantern", "mirror", "noodle", "orchid", "pepper", "pillow", "salmon",
+         "tomato", "umbrella", "valley", "wagon", "yogurt", "zipper", "bucket", "cactus",
+         "dolphin", "eagle", "fossil", "guitar", "hammer", "insect", "jigsaw", "koala",
+         "lizard", "magnet"]
 OPS = {"plus": lambda a, b: a + b, "minus": lambda a, b: a - b, "times": lambda a, b: a * b}
 
 DIR_CHECK = """from pathlib import Path
@@ -84,7 +89,11 @@ FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "tool": tool}
 
 
 def items(family: str, train: int, held: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
-    """(train, held-out) items of ``family``: unique, disjoint, the same for the same seed."""
+    """(train, held-out) items of ``family``: unique, disjoint, the same for the same seed.
+
+    A family with fewer distinct items than asked keeps its held-out split whole (it is
+    what is measured) and practises the rest, so fewer train items; the caller says so.
+    Only a family that cannot fill its held-out split and one train item is refused."""
     rng = random.Random(f"{family}:{seed}")
     made: dict[str, dict] = {}
     for _ in range((train + held) * 50):
@@ -92,8 +101,9 @@ def items(family: str, train: int, held: int, seed: int = 0) -> tuple[list[dict]
         made.setdefault(item["id"], item)
         if len(made) == train + held:
             break
-    else:
-        raise ValueError(f"the {family} family has fewer than {train + held} distinct items")
+    if len(made) <= held:
+        raise ValueError(f"the {family} family has {len(made)} distinct items: too few for "
+                         f"{held} held out and one to practise")
     ordered = list(made.values())
     return ordered[held:], ordered[:held]
 

@@ -104,6 +104,9 @@ def write_sets(work: Path, args: argparse.Namespace) -> tuple[dict, Path]:
     sets, probes = {}, []
     for family in args.families:
         train, held = items(family, args.train, args.held, args.seed)
+        if len(train) < args.train:
+            print(f"the {family} family has only {len(train) + len(held)} distinct items: "
+                  f"{len(train)} practised, not {args.train}", flush=True)
         sets[family] = (write_set(work / "sets", family, train),
                         write_set(work / "sets", f"{family}-heldout", held))
         probes += [{"prompt": t["prompt"], "expected": t["check"]["exact"]}

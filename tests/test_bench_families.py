@@ -28,6 +28,16 @@ def test_train_and_held_out_items_are_disjoint_and_the_same_for_the_same_seed(fa
     assert (train, held) != families.items(family, 16, 20, seed=1)
 
 
+def test_a_family_too_small_for_the_train_split_keeps_its_held_out_items_whole(monkeypatch):
+    monkeypatch.setitem(families.FAMILIES, "tiny", lambda rng: {
+        "id": f"tiny-{rng.randint(1, 5)}", "prompt": "?", "check": {"exact": "1"}})
+    train, held = families.items("tiny", 16, 3)
+    assert len(held) == 3 and len(train) == 2
+    assert not {t["id"] for t in train} & {t["id"] for t in held}
+    with pytest.raises(ValueError, match="5 distinct items: too few for 5 held out"):
+        families.items("tiny", 16, 5)
+
+
 async def test_the_tool_family_checks_the_workspace_in_the_sandbox(tmp_path):
     train, _ = families.items("tool", 12, 0)
     pset = load_set(families.write_set(tmp_path / "sets", "tool", train))
