@@ -1,7 +1,20 @@
 """Does a night make the model better? Measured through the product's own path.
 
     .venv/bin/python bench/learning.py [--model HF_DIR --gguf FILE] [--families ...]
-                                       [--train N --held N --samples G] [--quick]
+                                       [--days N] [--nights K] [--train N --held N
+                                       --samples G] [--quick]
+
+``--days N`` (default 3) runs N independent fresh days, each in a data folder of its
+own: other items (day i draws its items with seed ``--seed`` + i), another practice
+(sampled at temperature), the same settings. It ends with one markdown table, ready
+to paste: the command line, the date, the machine's training tokens/s, then per
+family and for the mean the before %, after %, delta and a 90% interval (a paired
+bootstrap over the held-out items, resampling days: ``bench/intervals.py``).
+
+``--nights K`` chains K nights a day: after night k-1 (made live, even when its gate
+refused it, so that the next one trains on top of it), a new day of practice on new
+items of the same families, night k, and the same held-out items again; after each
+night a table of what it added to the one before, and of all of them against "before".
 
 Steps, all through the real agent, llama.cpp server, sandbox and trainer:
 
@@ -22,14 +35,19 @@ Steps, all through the real agent, llama.cpp server, sandbox and trainer:
    gives 1.0), the mean delta, the night's wall time by stage, the rows and
    steps trained, and the gate's decision with its reasons.
 
-The held-out items that have an exact answer are also given to the night's
-gate as probes (``night.probes_file``). ``train.max_tokens`` is set to the
+The held-out items, whatever their check (exact, regex, python), are published
+where the product's ``/practice`` publishes a set's held-out split
+(``<data_dir>/heldout/<family>-heldout.jsonl``, ``publish_held_out``), so the night's gate
+pairs them all, as it would a user's. ``train.max_tokens`` is set to the
 served context, so that rows carrying the tool list are not dropped.
 ``--keep DIR`` also keeps a copy of the data folder as the day left it (before
-the night); ``--day DIR`` starts from that copy and runs only steps 3-5, so
-that two nights' settings (``--lr``, ``--batch``, ...) are compared on one
-day: the figures then differ only by the night, not by the practice's
-sampling at temperature 0.8, which alone moved the mean by ~10 pp between runs.
+the night; with several days, day i in ``DIR/day-i``); ``--day DIR`` starts from
+that copy and runs only steps 3-5, so that two nights' settings (``--lr``,
+``--batch``, ...) are compared on one day: the figures then differ only by the
+night, not by the practice's sampling at temperature 0.8, which alone moved the
+mean by ~10 pp between runs. Every night run on a kept day leaves its answers in
+``DIR/nights/``, and a ``--day`` run prints its paired difference from the
+previous night kept there, with its 90% interval.
 ``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
 most 3 agent steps a turn, with 4 tools offered instead of all of them: a
 check that the path works, not a measurement.
@@ -40,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import shutil
 import sys
 import tempfile
@@ -52,11 +71,12 @@ sys.path.insert(0, str(ROOT))
 from bot.config import Config, load_config  # noqa: E402
 from bot.night.jobs import ACTIVE  # noqa: E402
 from bot.practice.checks import judge  # noqa: E402
-from bot.practice.runner import run_practice  # noqa: E402
+from bot.practice.runner import publish_held_out, run_practice  # noqa: E402
 from bot.practice.sets import PracticeSet, load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
+from learning_table import chain_table, comparison, days_of, header, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
@@ -65,7 +85,7 @@ DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
 QUICK_TOOLS = ["read_file", "write_file", "make_dir", "list_dir"]
 
 
-def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
+def write_config(work: Path, args: argparse.Namespace) -> Path:
     """A config.toml that the bot and the trainer process both read."""
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -87,7 +107,7 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
         "practice": {"temperature": args.temperature, "held_out_percent": 0,
                      "max_steps": args.practice_steps or min(args.max_steps,
                                                              Config().practice.max_steps)},
-        "night": {"probes_file": str(probes), "auto_promote": False},
+        "night": {"auto_promote": False},
         "train": train,
     }
     lines = []
@@ -99,21 +119,23 @@ def write_config(work: Path, args: argparse.Namespace, probes: Path) -> Path:
     return path
 
 
-def write_sets(work: Path, args: argparse.Namespace) -> tuple[dict, Path]:
-    """{family: (train set path, held-out set path)} and the gate's probes file."""
-    sets, probes = {}, []
+def write_sets(work: Path, args: argparse.Namespace, seed: int) -> dict:
+    """{family: (train set path, held-out set path)}; the held-out sets are also published
+    for the night's gate as ``/practice`` publishes a set's held-out split: every check
+    kind, python ones with their code, so the gate pairs them all."""
+    sets = {}
     for family in args.families:
-        train, held = items(family, args.train, args.held, args.seed)
+        train, held = items(family, args.train, args.held, seed)
         if len(train) < args.train:
             print(f"the {family} family has only {len(train) + len(held)} distinct items: "
                   f"{len(train)} practised, not {args.train}", flush=True)
         sets[family] = (write_set(work / "sets", family, train),
                         write_set(work / "sets", f"{family}-heldout", held))
-        probes += [{"prompt": t["prompt"], "expected": t["check"]["exact"]}
-                   for t in held if "exact" in t.get("check", {})]
-    path = work / "probes.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in probes))
-    return sets, path
+        # Named as its set (``<family>-heldout``): practice publishes the practised set's own
+        # split (empty: practice.held_out_percent is 0 here) under the family's name.
+        publish_held_out(work / "data" / "heldout", f"{family}-heldout",
+                         list(load_set(sets[family][1]).tasks))
+    return sets
 
 
 async def evaluate(rt: Runtime, pset: PracticeSet, phase: str) -> list[float]:
@@ -217,14 +239,18 @@ def load_day(source: Path, work: Path) -> tuple[dict, float]:
     return {**saved, "after": {}, "day_from": str(source)}, since
 
 
-async def run(args: argparse.Namespace, work: Path) -> dict:
+async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = False) -> dict:
+    """One day (its items drawn with ``seed``) and its night, in ``work``; with ``keep``,
+    the day is kept there for ``--day``. From ``--day`` only the night and what follows."""
     if args.day:
         result, since = load_day(args.day, work)
-    sets, probes = write_sets(work, args)
-    config = load_config(write_config(work, args, probes))
+        seed = result.get("seed", seed)  # the kept day's items
+    sets = write_sets(work, args, seed)
+    config = load_config(write_config(work, args))
     t = config.train
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
-          f"{args.train} train + {args.held} held-out items each; {args.samples} samples; "
+          f"{args.train} train + {args.held} held-out items each (seed {seed}); "
+          f"{args.samples} samples; "
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
@@ -232,14 +258,14 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not args.day:
-        result = {"before": {}, "after": {}}
+        result = {"before": {}, "after": {}, "seed": seed}
         rt = await Runtime.start(config)
         rt.practice_listeners.append(show)
         try:
             since = await day(rt, args, sets, held, result)
         finally:
             await rt.close()
-        if args.keep:
+        if keep:
             save_day(work, result, since)
     rt = await Runtime.start(config)
     try:
@@ -249,9 +275,77 @@ async def run(args: argparse.Namespace, work: Path) -> dict:
             print("  " + await serve_candidate(rt, release_id), flush=True)
             for family, pset in held.items():
                 result["after"][family] = await evaluate(rt, pset, "after")
+        result["chain"] = []
+        for k in range(2, args.nights + 1):
+            if not await chained_night(rt, args, work, seed, k, held, result):
+                break
     finally:
         await rt.close()
     return result
+
+
+async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed: int, k: int,
+                        held: dict, result: dict) -> bool:
+    """Night k (``--nights``): a new day of practice on new items of the same families,
+    then a night on top of night k-1, then the same held-out items again. Night k-1 is made
+    live first when the gate refused it (here only, so that the nights chain: the product
+    would keep serving the model before it)."""
+    last = result["chain"][-1] if result["chain"] else result
+    release_id = ((last.get("night") or {}).get("job") or {}).get("progress", {}).get("release_id")
+    if release_id is None or not last.get("after"):
+        print(f"night {k}: night {k - 1} made no candidate, so no chain", flush=True)
+        return False
+    release = next(r for r in await rt.store.releases() if r["id"] == release_id)
+    if release["state"] != "live":
+        await rt.store.set_release_state(release_id, "live")
+        print(f"  release #{release_id} ({release['state']}) made live to chain on it "
+              "(the bench only)", flush=True)
+    print(f"\n## night {k}: a new day of practice, then a night on top of night {k - 1}",
+          flush=True)
+    since = time.time()
+    for family in args.families:
+        train, _ = items(family, args.train * k, args.held, seed)  # the held-out items stay
+        path = write_set(work / "sets", f"{family}-night{k}", train[args.train * (k - 1):])
+        print((await run_practice(rt, path, args.samples)).splitlines()[1], flush=True)
+    entry = {"night": await night(rt, since, args.night_timeout), "after": {}}
+    result["chain"].append(entry)
+    new_id = entry["night"]["job"]["progress"].get("release_id")
+    if new_id is None:
+        return False
+    print("  " + await serve_candidate(rt, new_id), flush=True)
+    for family, pset in held.items():
+        entry["after"][family] = await evaluate(rt, pset, f"after{k}")
+    return True
+
+
+NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
+
+
+def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
+    """Leave this night's answers beside the kept day, so later nights compare with it."""
+    out = folder / NIGHTS
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
+    path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {}}))
+    return path
+
+
+def compare_nights(folder: Path, latest: Path) -> str | None:
+    """This night against the one kept before it on the same day, item by item."""
+    kept = sorted(p for p in (folder / NIGHTS).glob("*.json") if p != latest)
+    if not kept:
+        return None
+    first, second = (json.loads(p.read_text()) for p in (kept[-1], latest))
+    if not first["after"] or not second["after"]:
+        return "One of the two nights made no candidate: nothing to compare."
+    text = comparison(first["after"], second["after"], (kept[-1].stem, latest.stem))
+    return "\n".join([text, "", f"- {kept[-1].stem}: `{shlex.join(first['argv'])}`",
+                      f"- {latest.stem}: `{shlex.join(second['argv'])}`"])
+
+
+def tokens_per_s(result: dict) -> float | None:
+    trained = (((result.get("night") or {}).get("job") or {}).get("progress") or {}).get("trained")
+    return (trained or {}).get("tokens_per_s")
 
 
 async def show(line: str) -> None:
@@ -287,6 +381,15 @@ def report(result: dict, started: float) -> None:
     print(f"rows: {counts.get('rows', 'n/a')} in the dataset; trained: "
           f"{trained.get('sequences', 'n/a')} sequences, {trained.get('steps', 'n/a')} steps, "
           f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")
+    if trained.get("budget_note"):
+        print(f"budget: {trained['budget_note']}")
+    groups = progress.get("groups_summary")
+    if groups and groups.get("groups"):
+        print(f"mixed practice groups: {groups['groups']}, advantage spread "
+              f"{groups['adv_spread']:.2f}; passing against failing attempts after training "
+              f"{groups['margin']:+.3f} nats a token ({groups['gained']} of {groups['groups']} "
+              "gained)" if groups.get("margin") is not None else
+              f"mixed practice groups: {groups['groups']} (no margin measured)")
     gate = progress.get("gate")
     if gate:
         outcome = gate.get("outcome") or ("promote" if gate["passed"] else "reject")
@@ -310,7 +413,7 @@ def main() -> None:
     parser.add_argument("--gguf", help="the GGUF served (its conversion of --model)")
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--train", type=int, default=16, help="practised items a family")
-    parser.add_argument("--held", type=int, default=20, help="held-out items a family")
+    parser.add_argument("--held", type=int, default=40, help="held-out items a family")
     parser.add_argument("--samples", type=int, default=4, help="attempts per practised item")
     parser.add_argument("--temperature", type=float, default=0.8, help="practice temperature")
     parser.add_argument("--max-steps", type=int, default=Config().agent.max_steps,
@@ -331,7 +434,13 @@ def main() -> None:
                         help="model.chat_format (plain chatml offers no tool calls)")
     parser.add_argument("--tools", nargs="*", default=[],
                         help="agent.tools: the tools offered (default: auto, the product's)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--days", type=int, help="independent fresh days (default 3; 1 with "
+                        "--quick): other items and practice, the same settings")
+    parser.add_argument("--nights", type=int, default=1, help="nights a day, chained: night k "
+                        "practises new items of the same families on top of night k-1, and "
+                        "answers the same held-out items")
+    parser.add_argument("--seed", type=int, default=0, help="day i draws its items with "
+                        "seed + i")
     parser.add_argument("--night-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it, with "
                         "a copy of the day before the night (for --day)")
@@ -350,13 +459,39 @@ def main() -> None:
         # Without the sandbox every python check comes back unjudged: a whole run for nothing.
         parser.error("the tool family's checks run in the sandbox, and bubblewrap is missing "
                      "(apt-get install bubblewrap); `python -m bot doctor` checks a set-up")
-    started = time.monotonic()
-    if args.keep:
-        args.keep.mkdir(parents=True, exist_ok=True)
-        report(asyncio.run(run(args, args.keep.resolve())), started)
-        return
+    if args.day:
+        args.days = 1  # one kept day
+    elif args.days is None:
+        args.days = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="nightshift-learning-") as tmp:
-        report(asyncio.run(run(args, Path(tmp))), started)
+        base = args.keep.resolve() if args.keep else Path(tmp)
+        results = [run_days(args, base, i) for i in range(args.days)]
+    rates = [r for r in map(tokens_per_s, results) if r]
+    days = days_of(results)
+    print("\n" + header(sys.argv[1:], rates) + "\n")
+    print(table(days, args.families))
+    for k in range(2, args.nights + 1):
+        print("\n" + chain_table(results, args.families, k))
+    if len(days) < len(results):
+        print(f"\n{len(results) - len(days)} of {len(results)} days made no candidate and are "
+              "left out of the table.")
+
+
+def run_days(args: argparse.Namespace, base: Path, i: int) -> dict:
+    """Day i of ``--days``: its own work folder (``base`` itself for a single day)."""
+    work = base if args.days == 1 else base / f"day-{i + 1}"
+    work.mkdir(parents=True, exist_ok=True)
+    if args.days > 1:
+        print(f"\n## day {i + 1} of {args.days}", flush=True)
+    started = time.monotonic()
+    result = asyncio.run(run(args, work, args.seed + i, keep=bool(args.keep)))
+    report(result, started)
+    if args.day or args.keep:
+        folder = args.day.resolve() if args.day else work
+        kept = keep_night(folder, result, sys.argv[1:])
+        if args.day and (text := compare_nights(folder, kept)):
+            print("\n" + text)
+    return result
 
 
 if __name__ == "__main__":

@@ -76,9 +76,81 @@ def test_a_run_whose_checks_need_the_missing_sandbox_is_refused_before_it_starts
         learning.main()
     assert "bubblewrap is missing" in capsys.readouterr().err
     started = []
-    monkeypatch.setattr(learning, "run", lambda args, work: started.append(args.families))
+
+    def run(args, work, seed, keep=False):
+        started.append((args.families, seed, work.name))
+        return {"before": {}, "after": {}}
+
+    monkeypatch.setattr(learning, "run", run)
     monkeypatch.setattr(learning, "report", lambda result, t: None)
     monkeypatch.setattr(learning.asyncio, "run", lambda value: value)
     monkeypatch.setattr(sys, "argv", ["learning.py", "--quick", "--families", "protocol"])
     learning.main()
-    assert started == [["protocol"]]
+    assert [(f, seed) for f, seed, _ in started] == [(["protocol"], 0)]  # --quick: one day
+    # --days N: N fresh days, each with its own items (seed + i) and its own folder.
+    started.clear()
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--quick", "--families", "protocol",
+                                      "--days", "3", "--seed", "5"])
+    learning.main()
+    assert started == [(["protocol"], 5, "day-1"), (["protocol"], 6, "day-2"),
+                       (["protocol"], 7, "day-3")]
+    assert "No day made a candidate" in capsys.readouterr().out
+
+
+def test_every_held_out_item_reaches_the_gate_whatever_its_check(tmp_path):
+    """The bench gave the gate only its exact-check items; a family with python checks
+    (tool) reached it not at all, and the gate was inconclusive for "no paired items"."""
+    import argparse
+
+    from bot.config import Config
+    from trainer.gate_items import heldout_items
+
+    args = argparse.Namespace(families=["arithmetic", "tool"], train=3, held=5)
+    sets = learning.write_sets(tmp_path, args, seed=1)
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    items = heldout_items(config, {})
+    assert len(items) == 10 and {i.family for i in items} == {"arithmetic-heldout",
+                                                              "tool-heldout"}
+    tool = [i for i in items if i.family == "tool-heldout"]
+    assert all("python" in i.check and "def reward" in i.check["code"] for i in tool)
+    held = learning.load_set(sets["tool"][1])
+    assert [i.request for i in tool] == [t.prompt for t in held.tasks]
+    # Another day draws other items.
+    other = learning.write_sets(tmp_path / "other", args, seed=2)
+    assert learning.load_set(other["tool"][1]).tasks != held.tasks
+
+
+def test_days_are_tabulated_in_markdown_with_intervals_and_the_command_line():
+    results = [{"before": {"a": [0.0, 0.0, 1.0, 0.0]}, "after": {"a": [1.0, 1.0, 1.0, 0.0]}},
+               {"before": {"a": [0.0, 1.0, 0.0, 0.0]}, "after": {"a": [1.0, 1.0, 0.0, 1.0]}},
+               {"before": {"a": [0.0] * 4}, "after": {}}]  # no candidate: left out
+    days = learning.days_of(results)
+    assert len(days) == 2
+    text = learning.table(days, ["a"])
+    assert "| family | before % | after % | Δ pp | 90% interval |" in text
+    assert "| a | 25.0 | 75.0 | +50.0 | [" in text and "| **mean** | 25.0 | 75.0 | **+50.0** |" in text
+    head = learning.header(["--days", "2"], [500.0, 700.0])
+    assert head.startswith("`.venv/bin/python bench/learning.py --days 2`")
+    assert "600 training tokens/s" in head
+
+
+def test_a_night_on_a_kept_day_is_compared_item_by_item_with_the_one_before(tmp_path):
+    first = learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0, 1.0, 0.0]}}, ["--lr", "1"])
+    assert learning.compare_nights(tmp_path, first) is None  # nothing to compare with yet
+    second = learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0, 1.0, 0.0]}},
+                                 ["--day", "x", "--lr", "2"])
+    text = learning.compare_nights(tmp_path, second)
+    assert f"{second.stem} against {first.stem}" in text
+    assert "| a | 25.0 | 75.0 | +50.0 | [" in text
+    assert "`--day x --lr 2`" in text and "`--lr 1`" in text
+
+
+def test_chained_nights_are_tabulated_against_the_night_before_and_the_day_before():
+    result = {"before": {"a": [0.0, 0.0, 0.0, 0.0]}, "after": {"a": [1.0, 0.0, 0.0, 0.0]},
+              "chain": [{"after": {"a": [1.0, 1.0, 1.0, 0.0]}}]}
+    text = learning.chain_table([result], ["a"], 2)
+    added, total = text.split("All 2 nights against the day's before:")
+    assert "Night 2 against night 1" in added and "| a | 25.0 | 75.0 | +50.0 | [" in added
+    assert "| a | 0.0 | 75.0 | +75.0 | [" in total
+    assert "no day reached it" in learning.chain_table([{**result, "chain": []}], ["a"], 2)

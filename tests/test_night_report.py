@@ -406,3 +406,29 @@ def test_a_night_with_demonstrations_reports_and_plots_its_imitation_loss():
     assert "imitation" not in loss_series({"train_history": [{"step": 1, "oapl": 0.5}]})
     text = " ".join(training_lines({"train_history": history}))
     assert "imitation 4.2000 → 0.3600" in text
+
+
+def test_the_report_shows_the_mixed_groups_margins_and_a_budget_cut():
+    night = job(6)
+    night["progress"]["trained"].update(
+        planned_steps=16, budget_note="trained 3 of 16 planned steps: at 500 tokens/s the rest "
+        "would have run past the 700 s the night's budget left for training (night.budget_s)")
+    night["progress"]["groups_summary"] = {"groups": 2, "adv_spread": 0.8, "pass_change": 0.1,
+                                           "fail_change": -0.2, "margin": 0.3, "gained": 1}
+    night["progress"]["groups"] = [
+        {"group": "run-1:a", "attempts": 4, "passing": 2, "failing": 2, "adv_spread": 1.0,
+         "margin": 0.7},
+        {"group": "run-1:b", "attempts": 4, "passing": 1, "failing": 3, "adv_spread": 0.6,
+         "margin": -0.1}]
+    lines = report_text(night).splitlines()
+    assert "Budget: trained 3 of 16 planned steps: at 500 tokens/s the rest would have run " \
+           "past the 700 s the night's budget left for training (night.budget_s)." in lines
+    assert ("Practice groups with mixed rewards: 2; advantage spread 0.80 (mean s.d.); "
+            "passing against failing attempts, per-token log-prob change after training: "
+            "+0.300 nats (passing +0.100, failing -0.200); 1 of 2 groups gained.") in lines
+    assert ("Least moved: run-1:b -0.100 (1 passed, 3 failed, spread 0.60); "
+            "run-1:a +0.700 (2 passed, 2 failed, spread 1.00).") in lines
+    night["progress"]["groups_summary"] = {"groups": 0}
+    assert "Practice groups with mixed rewards: none (no group-relative signal tonight)." \
+        in report_text(night)
+    assert "Practice groups" not in report_text(job(7))  # a night before this was logged

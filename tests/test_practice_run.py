@@ -79,6 +79,9 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     finally:
         await rt.close()
     assert "4 tasks x 3 samples (1 held out" in answer.text, answer.text
+    # One held-out item: the gate could not decide on it, and the summary says what to do.
+    assert "The gate needs at least 20 held-out items to decide and the practice sets hold " \
+           "out 1: it needs 19 more" in answer.text
     assert "Mean reward 0.67 over 9 judged attempts (0 stopped by a limit before a final " \
            "answer); 3 unjudged" in answer.text
     # Every model call of a practice turn was sampled at the practice temperature.

@@ -26,6 +26,8 @@ class Example:
     terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
     lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
     demo: torch.Tensor | None = None  # (T,) bool: demonstration tokens (imitated)
+    group: str = ""  # the practice group whose mean is its baseline (trainer.margins)
+    episode: int | None = None  # the row's episode: a row gives one sequence per view
 
     def __post_init__(self) -> None:
         if self.demo is None:
@@ -41,6 +43,8 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list
         for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens,
                               chat_format=settings.chat_format):
             example = _example(seq)
+            example.group = str(row.get("group") or "")
+            example.episode = row.get("episode_id")
             if example.terms or bool(example.obs.any()) or bool(example.demo.any()):
                 examples.append(example)
     return examples

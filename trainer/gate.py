@@ -158,7 +158,10 @@ def paired_interval(diffs: list[float], settings: GateSettings) -> tuple[float, 
     return mean, lower, upper
 
 
-def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
+def decide(before: Side, after: Side, settings: GateSettings,
+           offered: int | None = None) -> GateReport:
+    """The outcome; ``offered`` is how many items the gate had (held out and eval), so that
+    too few paired items says whether the sets hold too few or their checks went unscored."""
     pairs = {k: [before.scores[k], after.scores.get(k)] for k in before.scores
              if before.scores[k] is not None and after.scores.get(k) is not None}
     diffs = [a - b for b, a in pairs.values()]
@@ -174,9 +177,7 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
     if regressions:
         report.outcome, report.reasons = "reject", regressions
     elif len(diffs) < settings.min_items:
-        report.reasons = [f"{interval}: too few items; the gate needs at least "
-                          f"{settings.min_items} held-out items (practice held-out items "
-                          f"and eval-split episodes)"]
+        report.reasons = [f"{interval}: {_too_few(len(diffs), offered, settings.min_items)}"]
     elif report.lower >= settings.margin:
         report.outcome = "promote"
         report.reasons = [f"{interval}: its lower end reaches the margin {settings.margin:+.3f}"]
@@ -191,6 +192,18 @@ def decide(before: Side, after: Side, settings: GateSettings) -> GateReport:
                               f"({sum(after.degenerate)} of {len(after.degenerate)} answers "
                               f"loop, {sum(before.degenerate)} before)")
     return report
+
+
+def _too_few(paired: int, offered: int | None, needed: int) -> str:
+    offered = paired if offered is None else offered
+    if offered < needed:
+        return (f"too few items; the gate needs at least {needed} held-out items (practice "
+                f"held-out items and eval-split episodes) and had {offered}: it needs "
+                f"{needed - offered} more (add tasks to the practice sets, or raise "
+                "practice.held_out_percent)")
+    return (f"too few items; the gate needs at least {needed} scored before and after: "
+            f"{offered} were held out, and {offered - paired} of them could not be scored on "
+            "both sides (see below)")
 
 
 def family_scores(items: list[Item], pairs: dict[str, list]) -> dict[str, dict]:
@@ -344,7 +357,7 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
         new = await measure(client, *after, items, view, chat_format, max_tokens, n_ctx, scorer)
     finally:
         await client.close()
-    report = decide(old, new, settings_of(config))
+    report = decide(old, new, settings_of(config), len(items))
     report.families = family_scores(items, report.items)
     unscored = sum(1 for i in items if old.scores.get(i.id) is None
                    or new.scores.get(i.id) is None)

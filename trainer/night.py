@@ -264,6 +264,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
                                strays, settings)
         rule = ruling.get(episode.id)
         row["group_baseline"] = bool(rule and rule.group in grouped)  # centre() leaves it
+        row["group"] = rule.group if row["group_baseline"] else ""  # trainer.margins
         row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
                                 if rule else {"source": "judge"})
         exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)

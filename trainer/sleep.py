@@ -21,6 +21,11 @@ the stages go: the counts (eligible, excluded per reason), the rewards by source
 the judge's agreement, every training step's loss parts and log-ratios
 (``train_history``), and the gate's report with its per-family scores.
 
+Budget: the night's training gets what ``night.budget_s`` leaves once the judging is
+done and the export and the gate are reserved (their time on the last night that ran
+them, ``stage_seconds``); a night that would run past it trains fewer steps and says so
+(``trained.budget_note``, in the report), from an earlier night's tokens/s and its own.
+
 Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
 checks its state between stages and between training steps.
 """
@@ -42,6 +47,7 @@ from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
 from trainer.gate import run_gate
+from trainer.margins import summary
 from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
@@ -57,6 +63,7 @@ def checkpointing(setting: str, base_dir: Path) -> bool:
     return size >= 1 << 30
 
 
+GROUPS_KEPT = 200  # mixed practice groups kept in the job's progress (the summary has all)
 HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
 
 
@@ -83,10 +90,42 @@ class Night:
         self.args: dict = {}  # the job's inputs (since, agent_view, heldout)
 
     async def set(self, state: str | None = None, **progress) -> None:
-        self.progress.update(progress, updated=time.time())
+        now = time.time()
+        self.progress.update(progress, updated=now)
         if state:
+            self._time_stage(state, now)
             self.progress["stage"] = state
         await self.store.update_job(self.job_id, state=state, progress=self.progress)
+
+    def _time_stage(self, state: str, now: float) -> None:
+        """Seconds per stage (``stage_seconds``): the next night's budget reads the
+        export's and the gate's."""
+        stage, entered = self.progress.get("stage"), self.progress.get("stage_entered")
+        if stage and entered and stage != state:
+            seconds = self.progress.setdefault("stage_seconds", {})
+            seconds[stage] = round(seconds.get(stage, 0.0) + now - entered, 1)
+        if stage != state:
+            self.progress["stage_entered"] = now
+
+    async def training_budget(self) -> tuple[float | None, float | None]:
+        """(seconds the training may take, an earlier night's training tokens/s): the
+        night's ``budget_s`` less what it has spent and what the export and the gate
+        took on the last night that ran them (a quarter of the budget before any did)."""
+        budget = self.config.night.budget_s
+        if not budget:
+            return None, None
+        rate, reserve = None, None
+        for job in reversed(await self.store.jobs("sleep")):
+            progress = job.get("progress") or {}
+            if job["id"] == self.job_id:
+                continue
+            rate = rate or (progress.get("trained") or {}).get("tokens_per_s")
+            stages = progress.get("stage_seconds") or {}
+            if reserve is None and "gating" in stages:
+                reserve = stages.get("exporting", 0.0) + stages["gating"]
+        spent = time.time() - self.progress.get("started_at", time.time())
+        left = budget - spent - (0.25 * budget if reserve is None else reserve)
+        return max(0.0, left), rate
 
     async def check(self) -> None:
         job = await self.store.job(self.job_id)
@@ -134,6 +173,7 @@ class Night:
         from trainer.train import Settings, read_rows, train
 
         t = self.config.train
+        budget, rate = await self.training_budget()
         settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
                             lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
                             batch=t.batch, micro_batch=t.micro_batch,
@@ -143,6 +183,7 @@ class Night:
                             max_tokens=t.max_tokens or self.config.model.context_tokens,
                             seed=self.config.night.seed, progress=False,
                             start_adapter=str(start_adapter) if start_adapter else None,
+                            time_budget_s=budget, expected_tokens_per_s=rate,
                             gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir),
                             chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
@@ -155,8 +196,15 @@ class Night:
         result = await asyncio.to_thread(train, rows, base_dir, adapter, settings, on_step)
         trained = {"steps": result.steps, "batch": result.batch, "sequences": result.sequences,
                    "tokens": result.tokens,
-                   "seconds": round(result.seconds, 1)}
-        await self.set(trained=trained)
+                   "seconds": round(result.seconds, 1),
+                   "planned_steps": result.planned_steps,
+                   "tokens_per_s": round(result.tokens_per_s, 1),
+                   "budget_s": None if budget is None else round(budget, 1),
+                   "budget_note": result.budget_note}
+        # Each mixed practice group: its advantages' spread and what training did to its
+        # passing attempts against its failing ones (trainer.margins); the report shows it.
+        await self.set(trained=trained, groups=result.groups[:GROUPS_KEPT],
+                       groups_summary=summary(result.groups))
         return trained
 
     async def _training_step(self, event: dict) -> None:
@@ -235,6 +283,7 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
         night = Night(config, store, job_id)
         night.args = job["args"]
         night.progress = dict(job["progress"])
+        night.progress.setdefault("started_at", time.time())  # the budget counts from here
         since = job["args"].get("since", since)
         # Where the last promoted night's collection ended: unpromoted nights' data is kept.
         night.progress.setdefault("since", await store.next_night_since()

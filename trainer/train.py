@@ -22,6 +22,15 @@ steps a night change nothing. 16 is the prototype's count (2 epochs of 8
 batches of 64) that lifted held-out exact match by +24 pp; ``bench/learning.py``
 is where it gets re-chosen. Each epoch is a fresh seeded shuffle.
 
+**Budget.** With ``time_budget_s`` (the night's ``night.budget_s`` less its other
+stages) a night that would run past it trains fewer steps, and says so
+(``TrainResult.budget_note``): before the first step by an earlier night's tokens/s,
+after each by this night's mean step time (``trainer.budget``).
+
+**Groups.** After the loop, every practice group with mixed rewards is measured:
+the spread of its advantages and the change in mean per-token log-prob of its passing
+attempts against its failing ones, trained against pi_lag (``trainer.margins``).
+
 A small night is not repeated past ``max_epochs`` (2) passes to reach
 ``min_steps``: its batches shrink (``plan``), and only at one sequence a batch
 are there fewer steps. Repeated, 51 sequences trained 16 x 32 in 21 minutes.
@@ -88,7 +97,9 @@ from trainer.examples import (  # noqa: F401 - re-exported
     needed,
     oapl_reads,
 )
+from trainer.budget import affordable_steps, estimated_steps, note
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.margins import measure
 from trainer.lr_schedule import SCHEDULES, check, lr_factor
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.tokens import FUNCTION_CALLING
@@ -128,6 +139,11 @@ class Settings:
     # pi_lag is then the model with it, computed for every sequence before the first update.
     # Its own rank and alpha hold (lora_r and lora_alpha are for a fresh LoRA).
     start_adapter: str | None = None
+    # The seconds train() may take, loading included (the night's budget less its other
+    # stages), and a tokens/s measured before on this machine: steps are cut to fit
+    # (trainer.budget). None: no limit.
+    time_budget_s: float | None = None
+    expected_tokens_per_s: float | None = None
 
 
 @dataclass
@@ -140,6 +156,10 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)  # the on_step events
     model: Any = field(default=None, repr=False)  # the PeftModel, still in memory
     batch: int = 0  # sequences per step (``plan``: smaller than asked for a small night)
+    planned_steps: int = 0  # before the time budget cut any
+    budget_note: str = ""  # why fewer steps than planned ran, or ""
+    tokens_per_s: float = 0.0  # tokens over the steps' own seconds (loading left out)
+    groups: list[dict] = field(default_factory=list)  # trainer.margins, per mixed group
 
 
 # -- model --------------------------------------------------------------------------
@@ -348,30 +368,56 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         fill_lag(model, policy, examples, settings, pad_id, accelerator.device)
     # loop
     history, seen = [], 0
+    planned = steps
+    tokens_per_step = batch * sum(len(e.ids) for e in examples) / len(examples)
+    steps = estimated_steps(planned, tokens_per_step, settings.expected_tokens_per_s,
+                            _left(settings, started))
     show = settings.progress and accelerator.is_local_main_process
     bar = tqdm(total=steps, desc="train", disable=not show)
     batches = _batches(len(examples), settings, accelerator.num_processes)
-    for step, (chosen, weight) in zip(range(1, steps + 1), batches):
+    step = 0
+    while step < steps:
+        chosen, weight = next(batches)
+        step += 1
         _set_rate(optimizer, settings.lr * lr_factor(step - 1, steps, settings.schedule,
                                                      settings.warmup_steps))
         event = {"step": step, "steps": steps, "lr": optimizer.param_groups[0]["lr"],
                  **_train_step(ctx, [examples[i] for i in chosen], weight)}
         seen += event["tokens"]
         history.append(event)
+        step_s = sum(h["seconds"] for h in history) / len(history)
+        steps = affordable_steps(steps, step, time.perf_counter() - started,
+                                 settings.time_budget_s, step_s)
+        bar.total = steps
         bar.update(1)
         bar.set_postfix(oapl=f"{event['oapl']:.4f}", echo=f"{event['echo']:.4f}",
                         tok_s=f"{event['tokens_per_s']:.0f}")
         if on_step is not None and accelerator.is_main_process:
             on_step(event)
     bar.close()
+    rate = seen / max(sum(h["seconds"] for h in history), 1e-9)
+    # what the night learnt from its practice groups (trainer.margins)
+    unwrapped = accelerator.unwrap_model(policy)
+    grouped = [e for e in examples if e.group and e.terms]
+    shares = ctx.setdefault("shares", sharing(model))
+    fill_lag(model, unwrapped, grouped, settings, pad_id, accelerator.device, shares)
+    groups = measure(unwrapped, grouped, settings.micro_batch, settings.micro_tokens, pad_id,
+                     accelerator.device, shares) if grouped else []
     # save
     accelerator.wait_for_everyone()
     out = Path(out_dir)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         accelerator.unwrap_model(policy).model.save_pretrained(str(out))
+    cut = note(steps, planned, rate, settings.time_budget_s) if steps < planned else ""
     return TrainResult(out, steps, len(examples), seen, time.perf_counter() - started, history,
-                       model, batch)
+                       model, batch, planned, cut, rate, groups)
+
+
+def _left(settings: Settings, started: float) -> float | None:
+    if settings.time_budget_s is None:
+        return None
+    return settings.time_budget_s - (time.perf_counter() - started)
 
 
 def read_rows(path: str | Path) -> list[dict]:

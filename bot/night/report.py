@@ -11,6 +11,10 @@ night job's progress as it goes:
 - ``trained`` (steps, sequences, tokens, seconds) and ``train_history``: per
   step, the loss parts (``oapl``, ``echo``, ``total``) and the mean
   log-ratios of positive and negative messages;
+- ``groups_summary`` and ``groups``: per practice group with mixed rewards, the
+  spread of its advantages and the change in log-prob of its passing attempts
+  against its failing ones after training (``trainer.margins``); ``trained``'s
+  ``budget_note`` when the night's budget cut its steps;
 - ``gate``: the outcome and its reasons, the paired gain and interval,
   open chat before/after, and ``families``: per practice family,
   ``{n, before, after}``; ``release_id`` and ``promotion``.
@@ -134,8 +138,38 @@ def training_lines(progress: dict) -> list[str]:
                        f"(last {_num(last.get(k), 3, True)})"
                        for k, label in (("logratio_pos", "positive"),
                                         ("logratio_neg", "negative")))
-    return [head, f"Loss (first → last step): {loss}.",
-            f"Log-ratio, mean over steps: {ratios}."]
+    return [head, *_budget_line(trained), f"Loss (first → last step): {loss}.",
+            f"Log-ratio, mean over steps: {ratios}.", *group_lines(progress)]
+
+
+def _budget_line(trained: dict) -> list[str]:
+    if trained.get("budget_note"):
+        return [f"Budget: {trained['budget_note']}."]
+    return []
+
+
+def group_lines(progress: dict, worst: int = 3) -> list[str]:
+    """Practice groups with mixed rewards: did their passing attempts gain log-probability
+    against their failing ones (trainer.margins), and how far apart were their advantages."""
+    found = progress.get("groups_summary")
+    if not found:
+        return []
+    if not found.get("groups"):
+        return ["Practice groups with mixed rewards: none (no group-relative signal tonight)."]
+    lines = [f"Practice groups with mixed rewards: {found['groups']}; advantage spread "
+             f"{_num(found.get('adv_spread'), 2)} (mean s.d.); passing against failing "
+             f"attempts, per-token log-prob change after training: "
+             f"{_num(found.get('margin'), 3, True)} nats (passing "
+             f"{_num(found.get('pass_change'), 3, True)}, failing "
+             f"{_num(found.get('fail_change'), 3, True)}); {found.get('gained', 0)} of "
+             f"{found['groups']} groups gained."]
+    groups = [g for g in progress.get("groups") or [] if g.get("margin") is not None]
+    if groups:
+        low = sorted(groups, key=lambda g: g["margin"])[:worst]
+        lines.append("Least moved: " + "; ".join(
+            f"{g['group']} {_num(g['margin'], 3, True)} ({g['passing']} passed, "
+            f"{g['failing']} failed, spread {_num(g['adv_spread'], 2)})" for g in low) + ".")
+    return lines
 
 
 def gate_lines(progress: dict, release: dict | None) -> list[str]:

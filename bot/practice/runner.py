@@ -166,7 +166,21 @@ async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None
         rt.rounds.discard(f"practice #{run}")
         await workers.close()
         await rt.store.update_job(run, state=state)
-    return _summary(run, pset, tally, samples, len(held))
+    summary = _summary(run, pset, tally, samples, len(held))
+    short = gate_shortfall(rt.config.data_dir / "heldout", rt.config.night.gate_min_items)
+    return summary + (f"\n{short}" if short else "")
+
+
+def gate_shortfall(folder: Path, needed: int) -> str:
+    """What to do when all the sets together hold out fewer items than the gate needs
+    to decide (``night.gate_min_items``), or "" when they hold enough."""
+    held = sum(1 for path in folder.glob("*.jsonl")
+               for line in path.read_text().splitlines() if line.strip())
+    if held >= needed:
+        return ""
+    return (f"The gate needs at least {needed} held-out items to decide and the practice sets "
+            f"hold out {held}: it needs {needed - held} more (add tasks to the sets, or raise "
+            "practice.held_out_percent). Until then the night's gate is inconclusive.")
 
 
 async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task: Task,

@@ -1,0 +1,38 @@
+"""The night's time budget, as training steps: a night that would run past
+``night.budget_s`` trains fewer steps, and says so.
+
+The night gives training the seconds its budget leaves (``trainer.sleep``: the budget
+less the time already spent and what the export and the gate took last time). Before
+the first step, a tokens/s measured on an earlier night (same machine) estimates a
+step's time from its tokens; after each step, this night's own mean step time
+replaces the estimate (the first steps also pay for pi_lag's pass, so it errs
+towards fewer steps). Pure arithmetic: ``trainer.train`` calls it.
+"""
+
+from __future__ import annotations
+
+
+def estimated_steps(planned: int, tokens_per_step: float, tokens_per_s: float | None,
+                    seconds_left: float | None) -> int:
+    """Steps that fit ``seconds_left`` at ``tokens_per_s`` (at least 1, at most planned)."""
+    if not tokens_per_s or seconds_left is None or tokens_per_step <= 0:
+        return planned
+    step_s = tokens_per_step / tokens_per_s
+    return max(1, min(planned, int(max(0.0, seconds_left) // step_s)))
+
+
+def affordable_steps(planned: int, done: int, elapsed_s: float, budget_s: float | None,
+                     step_s: float) -> int:
+    """The total steps a training may take after ``done`` steps in ``elapsed_s`` of its
+    ``budget_s``, each taking ``step_s``: never fewer than done, never more than planned."""
+    if budget_s is None or step_s <= 0:
+        return planned
+    more = int(max(0.0, budget_s - elapsed_s) // step_s)
+    return max(done, min(planned, done + more))
+
+
+def note(trained: int, planned: int, tokens_per_s: float, budget_s: float) -> str:
+    """What the night says when the budget cut its training."""
+    return (f"trained {trained} of {planned} planned steps: at {tokens_per_s:,.0f} tokens/s "
+            f"the rest would have run past the {budget_s:.0f} s the night's budget left "
+            "for training (night.budget_s)")
