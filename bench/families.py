@@ -10,6 +10,12 @@ the bench scores them with the product's own parser and checks:
   only the number (exact check);
 - ``protocol``: an exact output format: a given word in upper case between
   square brackets and nothing else (exact check);
+- ``compare``: the larger of two two-digit numbers, answered with only that
+  number (exact check). A choice between two answers that the prompt itself
+  names, so the embedded model is right a fair share of the time before any
+  night (its base rate sits between the other families' near-zero and
+  certainty): the family where practice groups hold passing and failing
+  attempts side by side, and only the group-relative loss can teach;
 - ``tool``: choosing the right tool with the right arguments: make a folder,
   or write a file with a given content; a python check (in the sandbox)
   reads the workspace: 1 when it is exactly right, 0.5 for the right kind of
@@ -66,6 +72,13 @@ def protocol(rng: random.Random) -> dict:
             "check": {"exact": f"[{word.upper()}]"}}
 
 
+def compare(rng: random.Random) -> dict:
+    a, b = rng.sample(range(10, 100), 2)
+    return {"id": f"compare-{a}-{b}",
+            "prompt": f"Which number is larger, {a} or {b}? Answer with only the number.",
+            "check": {"exact": str(max(a, b))}}
+
+
 def tool(rng: random.Random) -> dict:
     word, other = rng.sample(WORDS, 2)
     if rng.random() < 0.5:
@@ -85,7 +98,7 @@ def tool(rng: random.Random) -> dict:
                 "path": name, "content": other}}], "answer": f"I created {name}."}}
 
 
-FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "tool": tool}
+FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "compare": compare, "tool": tool}
 
 
 def items(family: str, train: int, held: int, seed: int = 0) -> tuple[list[dict], list[dict]]:
