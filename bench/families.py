@@ -10,12 +10,12 @@ the bench scores them with the product's own parser and checks:
   only the number (exact check);
 - ``protocol``: an exact output format: a given word in upper case between
   square brackets and nothing else (exact check);
-- ``compare``: the larger of two two-digit numbers, answered with only that
-  number (exact check). A choice between two answers that the prompt itself
-  names, so the embedded model is right a fair share of the time before any
-  night (its base rate sits between the other families' near-zero and
-  certainty): the family where practice groups hold passing and failing
-  attempts side by side, and only the group-relative loss can teach;
+- ``compare``: the larger of two two-digit numbers; a python check passes an
+  answer whose first number is the larger, in any words. A choice between
+  two answers the prompt names, with no reference: the embedded model is
+  right a fair share of the time before any night, so its practice groups
+  hold passing and failing attempts side by side, and only the
+  group-relative loss can teach it;
 - ``tool``: choosing the right tool with the right arguments: make a folder,
   or write a file with a given content; a python check (in the sandbox)
   reads the workspace: 1 when it is exactly right, 0.5 for the right kind of
@@ -46,6 +46,11 @@ def reward(answer, workspace):
     path = Path(workspace) / {name!r}
     return 1.0 if path.is_dir() else 0.5 if path.exists() else 0.0
 """
+CHOICE_CHECK = """import re
+def reward(answer, workspace):
+    numbers = re.findall(r"\\d+", answer)
+    return 1.0 if numbers[:1] == [{big!r}] else 0.0
+"""
 FILE_CHECK = """from pathlib import Path
 def reward(answer, workspace):
     path = Path(workspace) / {name!r}
@@ -75,8 +80,8 @@ def protocol(rng: random.Random) -> dict:
 def compare(rng: random.Random) -> dict:
     a, b = rng.sample(range(10, 100), 2)
     return {"id": f"compare-{a}-{b}",
-            "prompt": f"Which number is larger, {a} or {b}? Answer with only the number.",
-            "check": {"exact": str(max(a, b))}}
+            "prompt": f"Which number is larger, {a} or {b}?",
+            "code": CHOICE_CHECK.format(big=str(max(a, b)), small=str(min(a, b)))}
 
 
 def tool(rng: random.Random) -> dict:
