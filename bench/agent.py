@@ -5,7 +5,7 @@
    runtime: channel workers, agent loop, tool registry, SQLite store, HTTP client.
    It also prints the CPU each part used per turn: the harness's event loop (the
    part that bounds its throughput, one thread), the whole harness process, the
-   store's writer process (``bot.storage.writer``: the group commits, on the other
+   store's writer process (``core.storage.writer``: the group commits, on the other
    core), and the scripted server, a separate process whose cost is the fake's own,
    not the harness's. On a loaded machine the wall-clock
    rate moves with other jobs; the CPU per turn does much less.
@@ -32,9 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.config import Config  # noqa: E402
+from core.config import Config  # noqa: E402
 from fixtures import DEFAULT_GGUF, free_port  # noqa: E402
-from bot.serving.client import LLM  # noqa: E402
+from serving.client import LLM  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 
 CANNED = {"id": "c", "object": "chat.completion", "created": 0, "model": "scripted",

@@ -14,7 +14,7 @@ back empty); the canary is the watchdog's own. Without the prompt cache, the
 canary and the other channel's turn overwrite the KV state the follow-up
 could have reused.
 
-Per HTTP request it prints, from the server's log (``bot.serving.server_log``):
+Per HTTP request it prints, from the server's log (``serving.server_log``):
 time to first token (from the start of the request's first completion to
 its first generated token: the prompt, a restore from the cache included, and
 one decode step; the HTTP and template work before it takes a few ms), the
@@ -49,14 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # before bench/, whose sandbox.py would shadow the package
 
-from bot.agent import Agent  # noqa: E402
-from bot.config import Config  # noqa: E402
-from bot.serving.client import LLM  # noqa: E402
+from bot.agent.loop import Agent  # noqa: E402
+from core.config import Config  # noqa: E402
+from serving.client import LLM  # noqa: E402
 from bot.runtime import _registry  # noqa: E402
-from bot.serving.supervisor import ServerSupervisor  # noqa: E402
-from bot.serving.server_log import LogTail, Request  # noqa: E402
+from serving.supervisor import ServerSupervisor  # noqa: E402
+from serving.server_log import LogTail, Request  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
-from bot.serving.probe import canary  # noqa: E402
+from serving.probe import canary  # noqa: E402
 from tools import default_registry  # noqa: E402
 
 # (channel, kind, text); kind "canary" sends the watchdog's canary instead of a turn.

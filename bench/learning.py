@@ -20,7 +20,7 @@ Steps, all through the real agent, llama.cpp server, sandbox and trainer:
 
 1. before: each family's held-out items, answered by the agent (greedy,
    ``agent.temperature = 0``, its system prompt and tools), each in a
-   fresh channel, scored by the item's check (``bot.practice.checks``);
+   fresh channel, scored by the item's check (``core.practice.checks``);
 2. a day of practice: ``/practice`` on each family's train items (the same
    code as the command), G samples at ``practice.temperature``;
 3. the night: a ``sleep`` job launched by the bot's night watch, i.e.
@@ -68,11 +68,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.config import Config, load_config  # noqa: E402
+from core.config import Config, load_config  # noqa: E402
 from bot.night.jobs import ACTIVE  # noqa: E402
-from bot.practice.checks import judge  # noqa: E402
+from core.practice.checks import judge  # noqa: E402
 from bot.practice.runner import publish_held_out, run_practice  # noqa: E402
-from bot.practice.sets import PracticeSet, load_set  # noqa: E402
+from core.practice.sets import PracticeSet, load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
@@ -209,7 +209,7 @@ async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
     since = time.time()
     t0 = time.monotonic()
     for family, (train_path, _) in sets.items():
-        print((await run_practice(rt, train_path, args.samples)).splitlines()[1], flush=True)
+        print((await run_practice(rt.practice, train_path, args.samples)).splitlines()[1], flush=True)
     result["practice_s"] = time.monotonic() - t0
     return since
 
@@ -260,7 +260,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
     if not args.day:
         result = {"before": {}, "after": {}, "seed": seed}
         rt = await Runtime.start(config)
-        rt.practice_listeners.append(show)
+        rt.practice.listeners.append(show)
         try:
             since = await day(rt, args, sets, held, result)
         finally:
@@ -306,7 +306,7 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
     for family in args.families:
         train, _ = items(family, args.train * k, args.held, seed)  # the held-out items stay
         path = write_set(work / "sets", f"{family}-night{k}", train[args.train * (k - 1):])
-        print((await run_practice(rt, path, args.samples)).splitlines()[1], flush=True)
+        print((await run_practice(rt.practice, path, args.samples)).splitlines()[1], flush=True)
     entry = {"night": await night(rt, since, args.night_timeout), "after": {}}
     result["chain"].append(entry)
     new_id = entry["night"]["job"]["progress"].get("release_id")

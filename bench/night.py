@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.config import Config  # noqa: E402
+from core.config import Config  # noqa: E402
 from fixtures import free_port  # noqa: E402
-from bot.storage.embedder import MiniLMEmbedder  # noqa: E402
-from bot.serving.supervisor import ServerSupervisor  # noqa: E402
-from bot.storage.store import Step, Store  # noqa: E402
+from core.storage.embedder import MiniLMEmbedder  # noqa: E402
+from serving.supervisor import ServerSupervisor  # noqa: E402
+from core.storage.store import Step, Store  # noqa: E402
 from trainer.client import JsonClient  # noqa: E402
 from trainer.night import run_part1  # noqa: E402
 from trainer.secrets import SecretScanner  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bot.storage.store import Prefix, Step, Store  # noqa: E402
+from core.storage.store import Prefix, Step, Store  # noqa: E402
 
 HISTORY = [{"role": "user" if i % 2 else "assistant", "content": "hello there " * 10}
            for i in range(20)]

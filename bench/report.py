@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.config import Config  # noqa: E402
+from core.config import Config  # noqa: E402
 from bot.night.report import NightReports  # noqa: E402
-from bot.storage.store import Store  # noqa: E402
+from core.storage.store import Store  # noqa: E402
 
 
 def progress(night: int, steps: int, families: int) -> dict:

@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bot.config import Config
-from bot.serving.client import LLM
-from bot.serving.supervisor import ServerSupervisor
+from core.config import Config
+from serving.client import LLM
+from serving.supervisor import ServerSupervisor
 from fixtures import find_gguf, free_port
 
 CHAT = [{"role": "user", "content": "Say hello."}]

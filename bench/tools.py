@@ -67,7 +67,7 @@ async def main(runs: int) -> None:
 
 
 async def _notes_and_python(registry, runs: int) -> tuple[list[float], list[float]]:
-    from bot.storage.embedder import MiniLMEmbedder
+    from core.storage.embedder import MiniLMEmbedder
     from sandbox.process import Sandbox
     from tools.notes import NoteStore
 

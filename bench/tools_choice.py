@@ -3,7 +3,7 @@
 For each tool set (3 tools, 8 tools, all 40), the model gets the agent's system
 prompt, the set's schemas and one user message, at temperature 0, through the
 bot's own client (so the chat format's "none" re-ask is included). The reply is
-read as the agent reads it (``bot.guards.template_call`` turns call syntax
+read as the agent reads it (``bot.agent.guards.template_call`` turns call syntax
 written as text into the call).
 
 - right: the prompt needs a tool that is offered and the model called it, or the
@@ -36,11 +36,11 @@ import jsonschema
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bot.config import Config  # noqa: E402
-from bot.guards import looks_like_template_call, template_call  # noqa: E402
-from bot.serving.client import LLM  # noqa: E402
-from bot.serving.supervisor import ServerSupervisor  # noqa: E402
-from bot.tool_profiles import CORE_TOOLS  # noqa: E402
+from core.config import Config  # noqa: E402
+from bot.agent.guards import looks_like_template_call, template_call  # noqa: E402
+from serving.client import LLM  # noqa: E402
+from serving.supervisor import ServerSupervisor  # noqa: E402
+from bot.agent.tool_profiles import CORE_TOOLS  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from tools import default_registry  # noqa: E402
 

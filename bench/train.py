@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
 import torch
 
 from trainer import train as T
+from trainer.train_cli import read_rows
 
 HF_DIR = ROOT / "data/models/smollm2-135m-instruct-hf"
 
@@ -125,7 +126,7 @@ def _night_rows(path: Path | None, model_dir: Path, n: int, vocab: int) -> list[
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        examples = T.build_examples(T.read_rows(path), tokenizer, T.Settings())
+        examples = T.build_examples(read_rows(path), tokenizer, T.Settings())
         return random.Random(0).sample(examples, min(n, len(examples)))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (350,), generator=g)

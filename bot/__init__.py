@@ -15,8 +15,8 @@ Top level, the agent and what drives it:
 
 Sub-packages, one concern each:
 
-- ``bot.config``: config.toml's schema and loading;
-- ``bot.storage``: the SQLite store (trajectories, labels, jobs, releases),
+- ``core.config``: config.toml's schema and loading;
+- ``core.storage``: the SQLite store (trajectories, labels, jobs, releases),
   its schema and migrations, the night's ledger, the offline embedder;
 - ``bot.serving``: the llama.cpp server (supervisor, watchdog, probes,
   kinds, swap, shim) and the client that talks to it (``client``, ``wire``);
@@ -34,13 +34,13 @@ Import rules (``tests/test_layout.py`` checks them):
   ``tools`` and ``sandbox``;
 - ``bot`` never imports ``trainer``, torch or transformers: it starts
   ``python -m trainer`` as a process and reads the job from the store;
-- ``trainer`` imports only ``bot.config``, ``bot.storage.store``,
-  ``bot.storage.embedder``, ``bot.serving.wire``,
-  ``bot.serving.chat_format``, ``bot.serving.shim`` (the gate generates as the
-  server does), ``bot.practice.sets`` and ``bot.practice.checks`` (the gate's
+- ``trainer`` imports only ``core.config``, ``core.storage.store``,
+  ``core.storage.embedder``, ``core.model.wire``,
+  ``core.model.chat_format``, ``core.model.shim`` (the gate generates as the
+  server does), ``core.practice.sets`` and ``core.practice.checks`` (the gate's
   held-out items, their checks run in the sandbox), all free of discord and
   torch;
-- ``bot.storage``, ``bot.serving`` and ``bot.night`` never import the
+- ``core.storage``, ``bot.serving`` and ``bot.night`` never import the
   runtime, the front ends or each other's callers; nothing imports inside a
   function to dodge a cycle (imports inside functions are only for heavy or
   optional dependencies that load when used).

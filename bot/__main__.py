@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from bot.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 
 
 def _run(config) -> int:

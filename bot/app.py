@@ -7,7 +7,7 @@ import sys
 
 from bot.channels import Busy
 from bot.commands import Caller, CommandError, parse_command, run_command
-from bot.config import Config
+from core.config import Config
 from bot.console import ConsoleRenderer, run_console
 from bot.night.jobs import ACTIVE, night_line, pid_alive
 from bot.runtime import Runtime
@@ -104,7 +104,7 @@ async def run_bot(config: Config) -> int:
             async def practice_progress(line: str) -> None:
                 renderer.info(line)
 
-            rt.practice_listeners.append(practice_progress)
+            rt.practice.listeners.append(practice_progress)
 
             async def turn(channel: str, text: str):
                 if rt.night.server_paused:

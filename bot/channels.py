@@ -5,7 +5,8 @@ concurrently. Serialising per channel (not globally) is what keeps a channel's
 tool calls from ever seeing another channel's results or workspace: each turn
 runs with its own channel's tool context, one at a time.
 
-Also here: the stray end-of-turn detector. A small model often ends its turn
+Also here: each channel's tool context (``ChannelSpaces``: its workspace, journal and
+private state), and the stray end-of-turn detector. A small model often ends its turn
 with "I'll now write the file:" and stops. The detector flags such replies; the
 agent is then asked "Did you mean to end your turn?" and, if it says no, it
 continues. The event is stored for the night, where it earns a negative
@@ -15,10 +16,17 @@ advantage on that message's last token.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Protocol
+
+from sandbox.paths import workspace_for
+from tools import ToolContext
+from tools.python_jobs import job_runner
+from tools.system import read_sys_section
 
 logger = logging.getLogger("nightshift.channels")
 
@@ -29,6 +37,47 @@ class Busy(Exception):
     def __init__(self, channel: str, size: int) -> None:
         super().__init__(f"#{channel} is busy: {size} messages are already waiting. "
                          "Please try again in a moment.")
+
+
+# -- tool contexts -------------------------------------------------------------
+
+
+class ChannelSpaces:
+    """One ToolContext per channel, made on first use and kept (its journal is live)."""
+
+    def __init__(self, data_dir: Path, workspace_keys: dict[str, str] | None = None,
+                 **services: Any) -> None:
+        self.data_dir = data_dir
+        self.services = services
+        # A swarm with a shared workspace maps its members to one workspace key.
+        self.workspace_keys = workspace_keys or {}
+        self._contexts: dict[str, ToolContext] = {}
+
+    def context(self, channel: str) -> ToolContext:
+        ctx = self._contexts.get(channel)
+        if ctx is None:
+            key = self.workspace_keys.get(channel, channel)
+            workspace = workspace_for(self.data_dir / "workspaces", key)
+            state_dir = self.data_dir / "channels" / workspace.root.name
+            if key != channel:  # a shared workspace; the journal and state stay the channel's
+                digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
+                state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
+            outbox: list[str] = []
+            ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
+                                   send_file=outbox.append, **self.services)
+            job_runner(ctx)  # finds jobs a previous run left behind and reports them lost
+            self._contexts[channel] = ctx
+        return ctx
+
+    async def close(self) -> None:
+        """Stop every channel's background Python jobs (they are reported lost)."""
+        for ctx in self._contexts.values():
+            runner = ctx.services.get("jobs_runner")
+            if runner is not None:
+                await runner.close()
+
+    def sys_section(self, channel: str) -> str:
+        return read_sys_section(self.context(channel).state_dir)
 
 
 # -- stray end-of-turn --------------------------------------------------------

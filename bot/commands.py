@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bot import admin, hygiene, labelling
-from bot.config import Config
+from core.config import Config
 from bot.practice.runner import run_practice
 
 if TYPE_CHECKING:
@@ -106,21 +106,22 @@ async def _episode_author(rt: Runtime, caller: Caller, episode_id: int = 0, **_:
 _RELEASE = Arg("release_id", int, "the release's id", required=False)
 COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("status", "model, server health, queues and the night",
-            lambda rt, c: admin.status(rt)),
+            lambda rt, c: admin.status(rt.store, rt.supervisor, rt.workers)),
     Command("sleep", "start the night: train on the day",
-            lambda rt, c: admin.sleep(rt, c.name, c.channel)),
-    Command("wake", "cancel a queued or running night", lambda rt, c: admin.wake(rt)),
+            lambda rt, c: admin.sleep(rt.store, rt.night, rt.agent, c.name, c.channel)),
+    Command("wake", "cancel a queued or running night", lambda rt, c: admin.wake(rt.store)),
     Command("promote", "serve a candidate release (the newest if no id is given)",
-            lambda rt, c, release_id=None: admin.promote(rt, release_id), (_RELEASE,)),
+            lambda rt, c, release_id=None: admin.promote(rt.releases, release_id), (_RELEASE,)),
     Command("rollback", "serve the release that served before (or the one named)",
-            lambda rt, c, release_id=None: admin.rollback(rt, release_id), (_RELEASE,)),
+            lambda rt, c, release_id=None: admin.rollback(rt.releases, release_id),
+            (_RELEASE,)),
     Command("history", "the release chain, with each release's gate figures",
             lambda rt, c: rt.reports.history_command()),
     Command("report", "a night's report: data, rewards, training, gate (the newest if no "
             "night is given)", lambda rt, c, night=None: rt.reports.report_command(night),
             (Arg("night", int, "the night's job id", required=False),)),
     Command("label", "label an episode for the night",
-            lambda rt, c, episode_id, label: admin.label(rt, episode_id, label, "admin"),
+            lambda rt, c, episode_id, label: admin.label(rt.store, episode_id, label, "admin"),
             (Arg("episode_id", int, "the episode's id"),
              Arg("label", str, "the label to give it",
                  choices=("accepted", "rejected", "verified")))),
@@ -132,14 +133,16 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             refusal=("Sorry, only the person whose message started that episode, or an "
                      "admin, may forget it.")),
     Command("sys show", "show this channel's agent-editable system section",
-            lambda rt, c: admin.sys_show(rt, c.channel)),
+            lambda rt, c: admin.sys_show(rt.spaces, c.channel)),
     Command("sys reset", "reset this channel's agent-editable system section",
-            lambda rt, c: admin.sys_reset(rt, c.channel)),
-    Command("restart-server", "restart the model server", lambda rt, c: admin.restart_server(rt)),
+            lambda rt, c: admin.sys_reset(rt.workers, rt.spaces, c.channel)),
+    Command("restart-server", "restart the model server",
+            lambda rt, c: admin.restart_server(rt.supervisor)),
     Command("notes-clean", "routine cleaning: the agent merges and deletes redundant notes",
-            lambda rt, c: hygiene.routine_clean(rt, c.channel)),
+            lambda rt, c: hygiene.routine_clean(rt.spaces.services.get("notes"),
+                                                rt.registry.names(), rt.turn, c.channel)),
     Command("notes-wipe", "delete every note of this channel, no undo (type CONFIRM)",
-            lambda rt, c, confirm=None: admin.notes_wipe(rt, c.channel, confirm),
+            lambda rt, c, confirm=None: admin.notes_wipe(rt.spaces, c.channel, confirm),
             (Arg("confirm", str, "the word CONFIRM", required=False),)),
     Command("swarm start", "post a task to a swarm's board and start its channels on it",
             lambda rt, c, swarm, task: rt.swarms.start(swarm, task),
@@ -148,7 +151,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("swarm stop", "clear a swarm's task from its members' prompts",
             lambda rt, c, swarm: rt.swarms.stop(swarm), (Arg("swarm", str, "the swarm's name"),)),
     Command("practice", "practise a set of checked tasks (a JSONL file on the bot's machine)",
-            lambda rt, c, file, samples=None: run_practice(rt, file, samples),
+            lambda rt, c, file, samples=None: run_practice(rt.practice, file, samples),
             (Arg("file", FilePath, "the practice set: a JSONL file of {id, prompt, check}"),
              Arg("samples", int, "attempts per task (default: practice.samples)",
                  required=False))),

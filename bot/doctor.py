@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from bot.config import Config, masked_dump
+from core.config import Config, masked_dump
 from bot.model_pair import check_pair
-from bot.serving.chat_format import resolve_async
-from bot.serving.client import LLM
-from bot.serving.supervisor import ServerSupervisor
+from core.model.chat_format import resolve_async
+from serving.client import LLM
+from serving.supervisor import ServerSupervisor
 from sandbox.paths import Workspace
 from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
 
@@ -49,7 +49,7 @@ async def check_model_pair(config: Config) -> tuple[bool, str]:
 
 
 async def check_chat_format(config: Config) -> tuple[bool, str]:
-    """What model.chat_format resolves to, and why (bot.serving.chat_format)."""
+    """What model.chat_format resolves to, and why (core.model.chat_format)."""
     choice = await resolve_async(config)
     return True, f"{choice.name}: {choice.reason}"
 
@@ -92,7 +92,7 @@ async def check_embedder(config: Config) -> tuple[bool, str]:
     def run() -> tuple[bool, str]:
         import chromadb
 
-        from bot.storage.embedder import MiniLMEmbedder
+        from core.storage.embedder import MiniLMEmbedder
 
         client = chromadb.EphemeralClient()
         notes = client.get_or_create_collection("doctor-check", embedding_function=MiniLMEmbedder())

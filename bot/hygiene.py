@@ -12,10 +12,11 @@ delete is ``/notes-wipe CONFIRM`` (``bot.admin.notes_wipe``).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
+# A turn in a channel as a speaker: the runtime's ``turn`` (queued on the channel's worker).
+Turn = Callable[[str, str, str], Awaitable[Any]]
 
 ROUTINE_CLEANING = (
     "Routine cleaning of your notes. Call note_list to see them. Where several notes say the "
@@ -34,26 +35,25 @@ def cleaning_prompt(groups: list[list[str]]) -> str:
     return ROUTINE_CLEANING + f"\nNear-duplicate notes found by similarity (ids): {listed}."
 
 
-async def routine_clean(rt: Runtime, channel: str) -> str:
-    """One routine cleaning turn in ``channel``; the answer says what changed."""
-    notes = rt.spaces.context(channel).services.get("notes")
+async def routine_clean(notes: Any, offered: Iterable[str], turn: Turn, channel: str) -> str:
+    """One routine cleaning turn in ``channel``, by an agent offered the tools ``offered``,
+    on the bot's note store ``notes`` (None: notes are off); the answer says what changed."""
     if notes is None:
         return "Notes are not enabled."
-    missing = sorted(NOTE_TOOLS - set(rt.registry.names()))
+    missing = sorted(NOTE_TOOLS - set(offered))
     if missing:
         return (f"The agent is not offered the note tools it cleans with ({', '.join(missing)}). "
                 "Fix: set agent.tools = \"all\", or list them in agent.tools.")
     before = await asyncio.to_thread(notes.count, channel, False)
     groups = await asyncio.to_thread(notes.duplicate_groups, channel)
-    result = await rt.turn(channel, cleaning_prompt(groups), "routine cleaning")
+    result = await turn(channel, cleaning_prompt(groups), "routine cleaning")
     after = await asyncio.to_thread(notes.count, channel, False)
     return (f"Routine cleaning (episode #{result.episode_id}): {before} notes before, {after} "
             f"after.\n{result.reply}")
 
 
-async def routine_clean_all(rt: Runtime) -> str:
+async def routine_clean_all(notes: Any, offered: Iterable[str], turn: Turn) -> str:
     """A routine cleaning turn in every channel that has notes (the weekly schedule)."""
-    notes = rt.spaces.services.get("notes")
     if notes is None:
         return "Notes are not enabled."
     stats = await asyncio.to_thread(notes.stats)
@@ -61,7 +61,7 @@ async def routine_clean_all(rt: Runtime) -> str:
     done = []
     for channel in channels:
         try:
-            done.append(f"#{channel}: " + (await routine_clean(rt, channel)).splitlines()[0])
+            done.append(f"#{channel}: " + (await routine_clean(notes, offered, turn, channel)).splitlines()[0])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # one channel's failure must not skip the others

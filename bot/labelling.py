@@ -9,7 +9,7 @@ or an admin may:
   removing the reaction removes that label, and the latest standing label
   counts (``Episode.label``);
 - have it forgotten (``/forget EPISODE`` or a 🗑 reaction): excluded from
-  training and its text erased from the store (``bot.storage.labels``).
+  training and its text erased from the store (``core.storage.labels``).
   Forgetting cannot be undone, so removing the 🗑 does nothing.
 
 Anyone else's reaction is ignored (and logged). An episode with no recorded
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+from core.storage.events import Event
 
 if TYPE_CHECKING:
-    from bot.storage.store import Store
+    from core.storage.store import Store
 
 logger = logging.getLogger("nightshift.labels")
-REPLY_EVENT = "discord_reply"
+REPLY_EVENT = Event.DISCORD_REPLY
 CHECK, CROSS, WASTEBASKET = "\N{WHITE HEAVY CHECK MARK}", "\N{CROSS MARK}", "\N{WASTEBASKET}"
 REACTION_LABELS = {CHECK: "accepted", CROSS: "rejected"}
 FORGET_REACTION = WASTEBASKET

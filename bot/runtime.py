@@ -8,7 +8,6 @@ tool context (workspace, journal, private state) and the channel workers.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -19,74 +18,34 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from bot import admin, hygiene
-from bot.agent import Agent, TurnResult
-from bot.channels import ChannelWorkers, RuleStrayDetector
-from bot.config import Config
-from bot.serving.chat_format import resolve_async
-from bot.serving.client import LLM
+from bot.agent.loop import Agent, TurnResult
+from bot.channels import ChannelSpaces, ChannelWorkers, RuleStrayDetector
+from core.config import Config
+from core.model.chat_format import resolve_async
+from serving.client import LLM
 from bot.night.jobs import ACTIVE
-from bot.night.releases import Releases, serve_live
+from serving.releases import Releases, serve_live
 from bot.night.report import NightReports
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
+from bot.practice.services import PracticeServices
 from bot.selfplay.runs import SelfPlay
-from bot.serving.supervisor import ServerSupervisor
-from bot.storage.store import Store
+from serving.supervisor import ServerSupervisor
+from core.storage.store import Store
 from bot.swarm import Swarms
-from bot.tool_profiles import tool_names
-from sandbox.paths import workspace_for
+from bot.agent.tool_profiles import tool_names
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget
-from tools import Registry, ToolContext, default_registry
+from tools import Registry, default_registry
 from tools.board import Board
 from tools.filelocks import FileLocks
 from tools.jobs import JobSlots
-from tools.python_jobs import job_runner
-from tools.system import read_sys_section
 
 logger = logging.getLogger("nightshift")
 
 
-class ChannelSpaces:
-    """One ToolContext per channel, made on first use and kept (its journal is live)."""
-
-    def __init__(self, data_dir: Path, workspace_keys: dict[str, str] | None = None,
-                 **services: Any) -> None:
-        self.data_dir = data_dir
-        self.services = services
-        # A swarm with a shared workspace maps its members to one workspace key.
-        self.workspace_keys = workspace_keys or {}
-        self._contexts: dict[str, ToolContext] = {}
-
-    def context(self, channel: str) -> ToolContext:
-        ctx = self._contexts.get(channel)
-        if ctx is None:
-            key = self.workspace_keys.get(channel, channel)
-            workspace = workspace_for(self.data_dir / "workspaces", key)
-            state_dir = self.data_dir / "channels" / workspace.root.name
-            if key != channel:  # a shared workspace; the journal and state stay the channel's
-                digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
-                state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
-            outbox: list[str] = []
-            ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
-                                   send_file=outbox.append, **self.services)
-            job_runner(ctx)  # finds jobs a previous run left behind and reports them lost
-            self._contexts[channel] = ctx
-        return ctx
-
-    async def close(self) -> None:
-        """Stop every channel's background Python jobs (they are reported lost)."""
-        for ctx in self._contexts.values():
-            runner = ctx.services.get("jobs_runner")
-            if runner is not None:
-                await runner.close()
-
-    def sys_section(self, channel: str) -> str:
-        return read_sys_section(self.context(channel).state_dir)
-
-
 def _registry(config: Config) -> Registry:
-    """The tools of ``agent.tools``'s profile (see ``bot.tool_profiles``)."""
+    """The tools of ``agent.tools``'s profile (see ``bot.agent.tool_profiles``)."""
     full = default_registry()
     chosen = Registry()
     for name in tool_names(config, full.names()):
@@ -106,7 +65,7 @@ def _sandbox(config: Config) -> Sandbox:
 
 def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
     """What the tools may use beyond their workspace; loaded once, shared by channels."""
-    from bot.storage.embedder import MiniLMEmbedder
+    from core.storage.embedder import MiniLMEmbedder
     from tools.notes import NoteStore
 
     embedder = MiniLMEmbedder()
@@ -155,8 +114,9 @@ class Runtime:
     reports: NightReports | None = None  # each finished night's report, to its listeners
     # Front ends listen here for what the bot says on its own: (channel key or "", text).
     announcers: list[Callable[[str, str], Awaitable[None]]] = field(default_factory=list)
-    # Front ends add a callable here to show /practice's progress lines as they come.
-    practice_listeners: list[Callable[[str], Awaitable[None]]] = field(default_factory=list)
+    # What practice and self-play use (bot.practice.services); front ends add a callable
+    # to its ``listeners`` to show /practice's progress lines as they come.
+    practice: PracticeServices | None = None
 
     @classmethod
     async def start(cls, config: Config, *, supervisor: ServerSupervisor | None = None,
@@ -207,7 +167,12 @@ class Runtime:
         rt.reports = NightReports(config, store)
         night.listeners.append(rt.reports.on_job)
         stack.push_async_callback(rt.swarms.close)
-        rt.selfplay = SelfPlay(rt)
+        rt.practice = PracticeServices(
+            config, store,
+            lambda cfg: Agent(cfg, llm, store, registry, spaces.context, spaces.sys_section,
+                              stray=agent.stray),
+            spaces.context, rt.rounds, announce=rt.announce)
+        rt.selfplay = SelfPlay(rt.practice)
         stack.push_async_callback(rt.selfplay.close)
         rt.selfplay.start_schedule()
         rt.schedule = _schedule(rt)
@@ -248,7 +213,8 @@ def _schedule(rt: Runtime, clock: Callable[[], datetime] | None = None) -> Sleep
         return len(await rt.store.episodes_since(done[-1]["updated_at"] if done else 0.0))
 
     async def start_night(reason: str) -> str:
-        return await admin.sleep(rt, f"the schedule ({reason})", channel)
+        return await admin.sleep(rt.store, rt.night, rt.agent, f"the schedule ({reason})",
+                                 channel)
 
     async def announce(text: str) -> None:
         await rt.announce(channel, text)
@@ -257,4 +223,5 @@ def _schedule(rt: Runtime, clock: Callable[[], datetime] | None = None) -> Sleep
         config, clock=clock or (lambda: datetime.now(timezone.utc)),
         zone=ZoneInfo(config.sleep.time_zone), rounds=rt.rounds, night_active=night_active,
         pending=pending, start_night=start_night, announce=announce,
-        clean_notes=lambda: hygiene.routine_clean_all(rt))
+        clean_notes=lambda: hygiene.routine_clean_all(rt.spaces.services.get("notes"),
+                                                      rt.registry.names(), rt.turn))

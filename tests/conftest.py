@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.serving.shim import plain_cpu_buffers
+from core.model.shim import plain_cpu_buffers
 
 DEFAULT_GGUF = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-q8_0.gguf"
 
@@ -30,7 +30,7 @@ def served_gguf() -> Path:
             "model to q8_0 under data/models), or set NIGHTSHIFT_TEST_GGUF to a .gguf file.",
             pytrace=False,
         )
-    plain_cpu_buffers()  # as the server and the gate load models (bot.serving.shim)
+    plain_cpu_buffers()  # as the server and the gate load models (core.model.shim)
     return path
 
 

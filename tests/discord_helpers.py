@@ -30,7 +30,7 @@ import pytest
 from discord.ext.test import backend, factories
 from discord.webhook import async_ as webhook_async
 
-from bot.config import Config
+from core.config import Config
 from bot.discord_front.app import NightshiftBot
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM

@@ -6,7 +6,7 @@ import copy
 import json
 from typing import Callable
 
-from bot.serving.client import Reply
+from serving.client import Reply
 
 
 def say(text: str) -> Reply:

@@ -1,4 +1,4 @@
-"""The real llama.cpp server through ``bot.serving.shim``, for tests that post to it."""
+"""The real llama.cpp server through ``core.model.shim``, for tests that post to it."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import httpx
 
-from bot.serving.wire import FUNCTION_CALLING
+from core.model.wire import FUNCTION_CALLING
 
 
 @contextmanager
 def shim_server(gguf: Path, port: int, log_dir: Path, n_ctx: int = 2048) -> Iterator[str]:
     """Start it, wait until /v1/models answers (its log in the assertion if it dies),
     yield the base URL, and kill it."""
-    argv = [sys.executable, "-m", "bot.serving.shim", "--model", str(gguf), "--port", str(port),
+    argv = [sys.executable, "-m", "core.model.shim", "--model", str(gguf), "--port", str(port),
             "--chat_format", FUNCTION_CALLING, "--n_ctx", str(n_ctx)]
     base = f"http://127.0.0.1:{port}/v1"
     log_path = log_dir / "server.log"

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from bot.storage.store import Step, Store  # noqa: E402
+from core.storage.store import Step, Store  # noqa: E402
 
 WRITER = Path(__file__).resolve()
 

@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bot.agent import Agent
+from bot.agent.loop import Agent
 from bot.channels import RuleStrayDetector
-from bot.compaction import SUMMARY_PREFIX
-from bot.config import Config
-from bot.messages import history_messages
-from bot.storage.store import Store
-from bot.stray import STRAY_QUESTION
+from bot.agent.compaction import SUMMARY_PREFIX
+from core.config import Config
+from bot.agent.messages import history_messages
+from core.storage.store import Store
+from bot.agent.stray import STRAY_QUESTION
 from tests.scripted import ScriptedLLM, call, say
 
 
@@ -203,7 +203,7 @@ def test_rule_stray_detector(reply, flagged):
 
 
 def test_history_drops_an_orphan_tool_observation():
-    from bot.storage.store import StoredStep
+    from core.storage.store import StoredStep
 
     def step(role, content):
         return StoredStep(role=role, content=content, id=1, episode_id=1, channel_id="c",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.practice.checks import judge
-from bot.practice.sets import load_set
+from core.practice.checks import judge
+from core.practice.sets import load_set
 from sandbox.paths import Workspace
 from sandbox.process import Sandbox
 

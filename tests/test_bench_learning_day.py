@@ -102,7 +102,7 @@ def test_every_held_out_item_reaches_the_gate_whatever_its_check(tmp_path):
     (tool) reached it not at all, and the gate was inconclusive for "no paired items"."""
     import argparse
 
-    from bot.config import Config
+    from core.config import Config
     from trainer.gate_items import heldout_items
 
     args = argparse.Namespace(families=["arithmetic", "tool"], train=3, held=5)

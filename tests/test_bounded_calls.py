@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from bot.serving.shim import patch_handlers
-from bot.serving.wire import FUNCTION_CALLING
+from core.model.shim import patch_handlers
+from core.model.wire import FUNCTION_CALLING
 from tests.shim_server import shim_server
 
 WRITE_FILE = [{"type": "function", "function": {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bot.channels import Busy, ChannelWorkers
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 
@@ -125,7 +125,7 @@ async def test_fifty_channels_in_parallel_never_leak_into_each_other(tmp_path):
 
 
 async def test_agent_tools_config_limits_the_tools_and_unknown_names_are_refused(tmp_path):
-    from bot.config import ConfigError
+    from core.config import ConfigError
 
     config = Config()
     config.paths.data_dir = tmp_path

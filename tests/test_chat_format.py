@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config
-from bot.serving import chat_format as cf
-from bot.serving.chat_format import AUTO, GGUFHeaderError, choose, read_chat_template, resolve
-from bot.serving.kinds import LlamaCppPython
-from bot.serving.wire import FUNCTION_CALLING
+from core.config import Config
+from core.model import chat_format as cf
+from core.model.chat_format import AUTO, GGUFHeaderError, choose, read_chat_template, resolve
+from serving.kinds import LlamaCppPython
+from core.model.wire import FUNCTION_CALLING
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "data/models/smollm2-135m-instruct-q8_0.gguf"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import load_config
+from core.config import load_config
 from bot.doctor import check_chat_format
-from bot.serving.chat_format import read_chat_template
-from bot.serving.client import LLM
-from bot.serving.supervisor import ServerSupervisor
-from bot.serving.wire import FUNCTION_CALLING
+from core.model.chat_format import read_chat_template
+from serving.client import LLM
+from serving.supervisor import ServerSupervisor
+from core.model.wire import FUNCTION_CALLING
 from tests.test_other_architecture import tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[1]

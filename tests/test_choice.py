@@ -1,5 +1,5 @@
 """The function-calling handler's choice between words and a call is made on whole
-options (bot.serving.choice): greedy decoding under the handler's grammar compared
+options (core.model.choice): greedy decoding under the handler's grammar compared
 first tokens only and chose ``functions.read_file`` for "What is 22 minus 13?" though
 the model gives ``message:`` most of the options' probability; and it was greedy at
 every temperature, so practice never explored the choice."""
@@ -12,9 +12,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from bot.serving.choice import options_of, pick, score
-from bot.serving.shim import patch_handlers
-from bot.serving.wire import FUNCTION_CALLING
+from core.model.choice import options_of, pick, score
+from core.model.shim import patch_handlers
+from core.model.wire import FUNCTION_CALLING
 
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": f"{name.replace('_', ' ')} in the workspace",
@@ -161,7 +161,7 @@ def test_the_search_stops_early_and_keeps_the_choice_with_every_tool(served_gguf
 @pytest.mark.slow
 def test_a_named_tool_gets_its_arguments_under_its_schema(served_gguf):
     """What the client asks when the model's words were a bare ``functions.NAME:``
-    (bot.serving.wire.call_head): through the patched handler, the named tool's call
+    (core.model.wire.call_head): through the patched handler, the named tool's call
     with every required argument, as its schema's grammar writes them."""
     import json
 

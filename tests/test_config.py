@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config, ConfigError, load_config, masked_dump
+from core.config import Config, ConfigError, load_config, masked_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 

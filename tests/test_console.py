@@ -52,9 +52,9 @@ class Terminal(io.StringIO):
 
 async def console_with_agent(tmp_path, err):
     """run_console over a real Agent (store, loop) with a scripted model that calls a tool."""
-    from bot.agent import Agent
-    from bot.config import Config
-    from bot.storage.store import Store
+    from bot.agent.loop import Agent
+    from core.config import Config
+    from core.storage.store import Store
     from tests.scripted import ScriptedLLM, call, say
     from tests.test_agent import AddTools
 

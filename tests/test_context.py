@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from bot.compaction import SUMMARY_PREFIX
-from bot.config import NightConfig
-from bot.stray import STRAY_CONTINUE, STRAY_QUESTION
+from bot.agent.compaction import SUMMARY_PREFIX
+from core.config import NightConfig
+from bot.agent.stray import STRAY_CONTINUE, STRAY_QUESTION
 from tests.scripted import call, say
-from bot.storage.store import Store
+from core.storage.store import Store
 from tests.test_agent import make_agent
 from tests.test_tokens import HF_DIR
 from trainer.advantages import episode_row
@@ -221,7 +221,7 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path, toke
     """run_part1 (judge served by a scripted server): the dataset's rows carry the prefix,
     and the night counts how many episodes were rendered exactly."""
     from tests.test_night_judge import config_for, report, run, serve
-    from bot.storage.embedder import MiniLMEmbedder
+    from core.storage.embedder import MiniLMEmbedder
 
     agent, _, _ = make_agent(store, [say("hi."), call("add", {"a": 2, "b": 3}), say("5.")],
                              tmp_path)
@@ -253,7 +253,7 @@ async def test_the_night_writes_rows_with_the_exact_prompt(store, tmp_path, toke
 
 
 async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp_path):
-    from bot.storage.store import Prefix, Step
+    from core.storage.store import Prefix, Step
 
     prefix = Prefix([{"role": "system", "content": "s"}], None, (1,))
     ep = await store.start_episode("c")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from bot.compaction import SUMMARY_PREFIX
-from bot.config import Config, NightConfig
+from bot.agent.compaction import SUMMARY_PREFIX
+from core.config import Config, NightConfig
 from bot.runtime import Runtime
-from bot.storage.store import Store
+from core.storage.store import Store
 from trainer.advantages import episode_row
 from trainer.context import prefix_refs, sent_messages, with_context
 from trainer.tokens import ACTION, render_prompt, render_row
@@ -31,7 +31,7 @@ class _ServerTokens:
     def __init__(self, gguf):
         from llama_cpp import Llama
 
-        from bot.serving.shim import patch_handlers
+        from core.model.shim import patch_handlers
 
         patch_handlers()
         self._llm = Llama(str(gguf), vocab_only=True, verbose=False)
@@ -46,11 +46,11 @@ def served_prompt_tokens(tokenizer, messages: list[dict], tools: list[dict] | No
     """What the server's usage can say for one agent ask (see tests/test_tokens.py): under
     ``auto`` the handler completes the prompt once per call (after the calls before it and
     the call's ``functions.NAME:\\n`` head), or once after ``message:\\n`` for a text answer;
-    when that text came back empty, bot.serving.client asked again under ``none`` and
+    when that text came back empty, serving.client asked again under ``none`` and
     summed both usages. So a text answer has two possible exact counts. A text answer that
     was a bare call head (choice "call_head") was asked again with that tool named, whose
     prompt ends with the call's head: both usages, summed."""
-    # A call the model wrote as text (its id "call_text_..."; bot.guards) was a text answer.
+    # A call the model wrote as text (its id "call_text_..."; bot.agent.guards) was a text answer.
     calls = [c for c in calls if not str(c.get("id", "")).startswith("call_text_")]
     if not tools:
         return {_count(tokenizer, render_prompt(messages, None, "none"))}
@@ -93,7 +93,7 @@ async def test_every_steps_rendered_prompt_has_the_servers_prompt_token_count(
     config.agent.tools = ["read_file", "write_file", "list_dir"]
     config.agent.clear_scratch_after_turn = False
     config.agent.temperature = 0
-    config.agent.max_steps = 3  # the last step offers no tools (bot.agent)
+    config.agent.max_steps = 3  # the last step offers no tools (bot.agent.loop)
     config.agent.max_reply_tokens = 48
     config.agent.keep_recent_messages = 2
     rt = await Runtime.start(config)

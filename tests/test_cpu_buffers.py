@@ -1,5 +1,5 @@
 """On a CPU with AMX, models load with llama.cpp's extra buffer types off
-(bot.serving.shim.plain_cpu_buffers): its AMX matrix product segfaulted here on every
+(core.model.shim.plain_cpu_buffers): its AMX matrix product segfaulted here on every
 prompt of more than one token."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.serving.shim import has_amx
+from core.model.shim import has_amx
 
 AMX_FLAGS = "flags\t\t: fpu vme sse avx2 avx512f amx_bf16 amx_tile amx_int8\n"
 NO_AMX = "flags\t\t: fpu vme sse avx2 avx512f avx512_vnni\n"
@@ -28,7 +28,7 @@ def test_amx_is_read_from_the_cpu_flags(tmp_path):
 def test_a_prompt_of_many_tokens_is_read_after_the_patch(served_gguf):
     """In a fresh process, as the server loads it: on this machine the unpatched load
     segfaulted in llama_decode on this very prompt."""
-    code = ("from bot.serving.shim import patch_handlers; patch_handlers()\n"
+    code = ("from core.model.shim import patch_handlers; patch_handlers()\n"
             "from llama_cpp import Llama\n"
             f"llm = Llama({str(served_gguf)!r}, n_ctx=1024, verbose=False)\n"
             "out = llm.create_completion('word ' * 300, max_tokens=2, temperature=0)\n"

@@ -112,7 +112,7 @@ def test_another_tokenizer_is_named_even_at_the_same_vocab_size(served_gguf, tmp
 def test_doctor_runs_the_pair_check_on_the_configured_files(served_gguf, tmp_path):
     import asyncio
 
-    from bot.config import Config
+    from core.config import Config
     from bot.doctor import check_model_pair
 
     config = Config()

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from bot.storage.embedder import MiniLMEmbedder, model_dir
+from core.storage.embedder import MiniLMEmbedder, model_dir
 
 TEXTS = ["hello world", "The capital of France is Paris.", "word " * 400]
 
@@ -40,6 +40,6 @@ def test_chromadb_collection_finds_the_nearest_note():
 def test_importing_the_embedder_does_not_import_torch():
     import subprocess
 
-    code = "import bot.storage.embedder, sys; bot.storage.embedder.MiniLMEmbedder().embed(['x']); print('torch' in sys.modules)"
+    code = "import core.storage.embedder, sys; core.storage.embedder.MiniLMEmbedder().embed(['x']); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from bot.admin import write_agent_view
-from bot.storage.store import Store
+from core.storage.store import Store
 from tests.discord_helpers import make_config, start_runtime
 from tests.judge_server import JudgeServer
 from tests.scripted import ScriptedLLM, say
@@ -325,7 +325,7 @@ async def test_the_gate_renders_a_request_exactly_as_the_agent_sends_it(tmp_path
     try:
         await rt.turn("fresh-channel", "What is 2 + 2?")
         sent_messages, sent = llm.calls[0]
-        view = await agent_view(config, rt.store, {"agent_view": str(write_agent_view(rt))})
+        view = await agent_view(config, rt.store, {"agent_view": str(write_agent_view(rt.agent, rt.config.data_dir))})
         assert view.render("What is 2 + 2?") == sent_messages
         assert view.tools == sent["tools"] and len(view.tools) >= 30
         # A night started from the command line has no view file: the config's system

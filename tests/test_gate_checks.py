@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import time
 
-from bot.config import Config
+from core.config import Config
 from bot.practice.runner import publish_held_out
-from bot.practice.sets import load_set
+from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, PlantedJudge
 from trainer.gate import score_side
 from trainer.gate_checks import SandboxScorer

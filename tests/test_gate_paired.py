@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from bot.config import Config
+from core.config import Config
 from bot.practice.runner import publish_held_out
-from bot.practice.sets import load_set
+from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, SETTINGS, PlantedJudge
 from trainer.gate import decide, score_side
 from trainer.gate_checks import SandboxScorer

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-import bot.storage.store as store_module
-from bot.storage.group_commit import MAX_BATCH, Batcher, GroupCommit, frame
-from bot.storage.history import HistoryCache
-from bot.storage.schema import step_values
-from bot.storage.store import Prefix, Step, Store
-from bot.storage.writer import Requests, bound
+import core.storage.store as store_module
+from core.storage.group_commit import MAX_BATCH, Batcher, GroupCommit, frame
+from core.storage.history import HistoryCache
+from core.storage.schema import step_values
+from core.storage.store import Prefix, Step, Store
+from core.storage.writer import Requests, bound
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The channels' recent steps kept in memory (bot.storage.history): every read equals
+"""The channels' recent steps kept in memory (core.storage.history): every read equals
 what SQLite says, whoever wrote, forgot or rolled back in between."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import sqlite3
 
 import pytest
 
-from bot.storage.group_commit import Batcher
-from bot.storage.history import HistoryCache, read_history
-from bot.storage.received import Received
-from bot.storage.schema import step_values
-from bot.storage.store import Step, Store
-from bot.storage.writer import bound
+from core.storage.group_commit import Batcher
+from core.storage.history import HistoryCache, read_history
+from core.storage.received import Received
+from core.storage.schema import step_values
+from core.storage.store import Step, Store
+from core.storage.writer import bound
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ async def test_another_process_step_is_seen(store, tmp_path):
 
 
 class Writer:
-    """The writer process's parts (bot.storage.writer), run in this process, so that a
+    """The writer process's parts (core.storage.writer), run in this process, so that a
     test can reach its connection."""
 
     def __init__(self, path) -> None:

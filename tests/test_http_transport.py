@@ -1,4 +1,4 @@
-"""bot.serving.http against raw asyncio servers that frame their answers as told."""
+"""serving.http against raw asyncio servers that frame their answers as told."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from bot.serving import http
-from bot.serving.http import MAX_BODY, HTTPClient, TransportError
+from serving import http
+from serving.http import MAX_BODY, HTTPClient, TransportError
 
 HEADERS = {"Content-Type": "application/json"}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 from sandbox.paths import Workspace
 from sandbox.process import Limits, Sandbox

@@ -1,4 +1,4 @@
-"""bot.serving.client against a scripted OpenAI-compatible server (aiohttp, in the test's loop)."""
+"""serving.client against a scripted OpenAI-compatible server (aiohttp, in the test's loop)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 from aiohttp import web
 
-from bot.config import Config
-from bot.serving.client import LLM, LLMError, Reply
+from core.config import Config
+from serving.client import LLM, LLMError, Reply
 
 
 def completion(content: str | None = "hi", tool_calls: list | None = None) -> dict:

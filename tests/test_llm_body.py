@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from bot.config import Config
-from bot.serving.client import LLM
+from core.config import Config
+from serving.client import LLM
 from tools import default_registry
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import echo_loss, imitation_loss, oapl_loss, sdft_loss
+from trainer.losses import echo_loss, imitation_loss, oapl_loss
 
 NAN = float("nan")
 
@@ -92,24 +92,6 @@ def test_echo_is_lambda_times_the_mean_of_per_sequence_length_normalised_ce():
 def test_echo_without_observations_is_zero():
     logp = torch.tensor([[0.0, -1.0]], requires_grad=True)
     assert echo_loss(logp, torch.zeros(1, 2, dtype=torch.bool)).item() == 0.0
-
-
-def test_sdft_is_the_reverse_kl_from_student_to_teacher_over_masked_tokens():
-    student = torch.log(torch.tensor([[[0.5, 0.5], [0.9, 0.1], [0.2, 0.8]]])).requires_grad_(True)
-    teacher = torch.log(torch.tensor([[[0.25, 0.75], [0.9, 0.1], [0.99, 0.01]]])).requires_grad_(True)
-    mask = torch.tensor([[True, True, False]])  # the third token is not distilled
-    loss = sdft_loss(student, teacher, mask)
-    # token 0: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.143841; token 1: 0; mean over 2 tokens.
-    # (The forward KL(teacher || student) would give 0.130812 for token 0.)
-    assert loss.item() == pytest.approx(0.143841 / 2, abs=1e-6)
-    loss.backward()
-    assert teacher.grad is None
-    assert student.grad[0, 2].abs().sum() == 0  # masked token: no gradient
-
-
-def test_sdft_is_zero_when_student_matches_teacher():
-    logp = torch.log_softmax(torch.randn(2, 3, 5), dim=-1)
-    assert sdft_loss(logp, logp.clone(), torch.ones(2, 3, dtype=torch.bool)).item() == pytest.approx(0, abs=1e-7)
 
 
 def test_imitation_is_the_weighted_length_normalised_ce_of_demonstration_tokens():

@@ -6,7 +6,7 @@ from typing import get_args
 
 import pytest
 
-from bot.config.learning import TrainConfig
+from core.config.learning import TrainConfig
 from trainer.lr_schedule import SCHEDULES, lr_factor
 
 

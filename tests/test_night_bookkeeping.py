@@ -16,7 +16,7 @@ import time
 from bot import admin
 from bot.app import finish_nights
 from bot.console import ConsoleRenderer
-from bot.night.releases import serve_live
+from serving.releases import serve_live
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, say
 from tests.test_nightwatch import SwappingServer, make_release, runtime
@@ -39,7 +39,7 @@ async def collected(rt: Runtime, job: dict, base_release) -> list[int]:
 
 async def run_night(rt: Runtime, outcome: str) -> dict:
     """A night as the trainer runs it, up to its gate's outcome (training left out)."""
-    text = await admin.sleep(rt, "test", "general")
+    text = await admin.sleep(rt.store, rt.night, rt.agent, "test", "general")
     assert text.startswith("Going to sleep")
     job = (await rt.store.jobs("sleep"))[-1]
     night = Night(rt.config, rt.store, job["id"])
@@ -78,7 +78,7 @@ async def test_after_a_promoted_night_the_next_collects_from_where_it_stopped(tm
     try:
         await chat(rt, "before")
         promoted = await run_night(rt, "promote")
-        text = await admin.promote(rt)
+        text = await admin.promote(rt.releases)
         assert text.startswith("Now serving"), text
         assert (await rt.store.job(promoted["id"]))["state"] == "live"
         after = [await chat(rt, "after")]
@@ -97,7 +97,7 @@ async def test_each_episode_records_its_release_and_a_night_takes_only_its_bases
         on_base = await chat(rt, "served by the base model")
         path, meta = make_release(tmp_path)
         release = await rt.store.add_release("night-0001", path, meta)
-        assert (await admin.promote(rt, release)).startswith("Now serving")
+        assert (await admin.promote(rt.releases, release)).startswith("Now serving")
         on_release = await chat(rt, "served by the release")
         episodes = {e.id: e.release_id for e in await rt.store.episodes_since(0)}
         assert episodes == {on_base: None, on_release: release}
@@ -139,14 +139,14 @@ async def test_promoting_a_candidate_that_a_newer_one_was_built_on_is_refused(tm
         newer_path, newer_meta = make_release(tmp_path, "night-0002")
         newer = await rt.store.add_release("night-0002", newer_path,
                                            {**newer_meta, "base_release_id": older})
-        text = await admin.promote(rt, older)
+        text = await admin.promote(rt.releases, older)
         assert text.startswith(f"Release #{older} refused: release(s) #{newer} were trained "
                                "on top of it") and f"Promote #{newer} instead" in text
         assert rt.supervisor.swaps == []
-        assert (await admin.promote(rt, newer)).startswith("Now serving")
+        assert (await admin.promote(rt.releases, newer)).startswith("Now serving")
         # Once the newer one is rejected, the older one may be served again.
         await rt.store.set_release_state(newer, "rejected")
-        assert (await admin.promote(rt, older)).startswith("Now serving")
+        assert (await admin.promote(rt.releases, older)).startswith("Now serving")
     finally:
         await rt.close()
 
@@ -155,14 +155,15 @@ async def test_a_restarted_bot_serves_the_live_release(tmp_path):
     rt = await runtime(tmp_path)
     path, meta = make_release(tmp_path)
     release = await rt.store.add_release("night-0001", path, meta)
-    assert (await admin.promote(rt, release)).startswith("Now serving")
+    assert (await admin.promote(rt.releases, release)).startswith("Now serving")
     await rt.close()
     fresh = SwappingServer(tmp_path / "base.gguf")  # a new process starts from the config
     again = await Runtime.start(rt.config, supervisor=fresh, llm=ScriptedLLM([]),
                                 start_server=False)
     try:
         assert fresh.gguf == tmp_path / "releases/night-0001/model-q8_0.gguf"
-        assert (await admin.status(again)).startswith("model: night-0001")
+        text = await admin.status(again.store, again.supervisor, again.workers)
+        assert text.startswith("model: night-0001")
     finally:
         await again.close()
 
@@ -224,7 +225,7 @@ async def test_a_night_without_a_live_trainer_does_not_hold_the_console(tmp_path
 
 
 def test_adapter_mode_continues_the_live_adapter_and_merged_mode_starts_fresh(tmp_path):
-    from bot.config import Config
+    from core.config import Config
     from trainer.sleep import live_adapter
 
     release = tmp_path / "night-0003"
@@ -242,8 +243,8 @@ def test_adapter_mode_continues_the_live_adapter_and_merged_mode_starts_fresh(tm
 async def test_an_adapter_release_is_continued_on_the_checkpoint_it_was_trained_on(tmp_path):
     """After a merged release, an adapter night trains on that merged checkpoint; the night
     after it must continue the adapter there, not on the configured base."""
-    from bot.config import Config
-    from bot.storage.store import Store
+    from core.config import Config
+    from core.storage.store import Store
 
     config = Config()
     config.paths.data_dir = tmp_path

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from bot.config import Config
-from bot.storage.store import Store
+from core.config import Config
+from core.storage.store import Store
 from trainer.sleep import Night
 
 

@@ -4,8 +4,8 @@ from, is N), and its gate's "before" is N as served (its GGUF with N's LoRA)."""
 
 from __future__ import annotations
 
-from bot.config import Config
-from bot.storage.store import Store
+from core.config import Config
+from core.storage.store import Store
 from trainer import sleep
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bot import admin
-from bot.config import load_config
-from bot.serving.client import LLM
+from core.config import load_config
+from serving.client import LLM
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 
@@ -111,7 +111,7 @@ max_tokens = 512
             reports.append(report)
 
         rt.reports.listeners.append(keep)
-        text = await admin.sleep(rt, "test", "general")
+        text = await admin.sleep(rt.store, rt.night, rt.agent, "test", "general")
         assert text.startswith("Going to sleep: night job #1")
         job = await wait_for(rt, 1, ("training", "failed"), 600)
         assert job["state"] == "training", job["error"]

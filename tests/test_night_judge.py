@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from bot.config import Config
-from bot.storage.embedder import MiniLMEmbedder
-from bot.storage.store import Step, Store
+from core.config import Config
+from core.storage.embedder import MiniLMEmbedder
+from core.storage.store import Step, Store
 from tests.judge_server import JudgeServer
 from trainer.client import JsonClient, ModelUnavailable
 from trainer.collect import split_of
 from trainer.night import remember, run_part1
-from trainer.rewards import VERIFIER_EVENT
+from core.storage.events import Event
 from trainer.value import ValueMemory, predict
 
 REPORT = "judge_report"
@@ -239,7 +239,7 @@ async def test_only_harness_errors_incomplete_turns_failed_checks_and_secrets_ar
     await store.add_label(rejected, "rejected", "reaction")
     await tool_episode(store, answer="my key is AKIAIOSFODNN7EXAMPLE")
     crashed, _, _ = await tool_episode(store)
-    await store.add_event("general", crashed, VERIFIER_EVENT,
+    await store.add_event("general", crashed, Event.VERIFIER_REWARD,
                           {"reward": None, "check": "python:check.py", "error": "timed out"})
     open_ep = await store.start_episode("general")
     await store.add_step(open_ep, Step(role="user", content="hi"))

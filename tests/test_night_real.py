@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from bot.config import Config
-from bot.storage.embedder import MiniLMEmbedder
-from bot.serving.supervisor import ServerSupervisor
-from bot.storage.store import Step, Store
+from core.config import Config
+from core.storage.embedder import MiniLMEmbedder
+from serving.supervisor import ServerSupervisor
+from core.storage.store import Step, Store
 from trainer.client import JsonClient
 from trainer.night import run_part1
-from trainer.rewards import VERIFIER_EVENT
+from core.storage.events import Event
 from trainer.value import ValueMemory
 
 DAY = [
@@ -56,7 +56,7 @@ async def test_every_window_of_a_small_day_is_judged_by_the_embedded_model(
     client = JsonClient(supervisor.base_url, config.model.alias, 120)
     try:
         sums, haiku, _, _ = await store_day(store)
-        await store.add_event("general", sums, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+        await store.add_event("general", sums, Event.VERIFIER_REWARD, {"reward": 1.0, "check": "exact"})
         await store.add_label(haiku, "accepted", "reaction")
         memory = ValueMemory(tmp_path / "value", MiniLMEmbedder())
         result = await run_part1(config, store, 1, client, memory, since=0.0, until=1e12)

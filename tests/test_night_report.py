@@ -12,10 +12,10 @@ import pytest
 from bot.app import console_report
 from bot.commands import Caller, run_command
 from bot.console import ConsoleRenderer
-from bot.config import Config
+from core.config import Config
 from bot.night import plots
 from bot.night.report import REPORT_EVENT, finished, history_text, report_text
-from bot.storage.store import Store
+from core.storage.store import Store
 from tests.test_nightwatch import make_release, runtime
 from trainer.gate import family_scores
 from trainer.gate_items import Item, eval_items, read_items

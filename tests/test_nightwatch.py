@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from bot import admin
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM
 from tests.test_channels import FakeServer
@@ -89,7 +89,7 @@ async def test_auto_promote_swaps_in_a_candidate_that_passed_the_gate(tmp_path):
         assert rt.supervisor.swaps == [(tmp_path / "releases/night-0001/model-q8_0.gguf", "blue-green")]
         assert (await rt.store.job(job))["state"] == "live"
         assert [r["state"] for r in await rt.store.releases()] == ["live"]
-        assert (await admin.rollback(rt)).startswith("Rolled back to the base model")
+        assert (await admin.rollback(rt.releases)).startswith("Rolled back to the base model")
         assert [r["state"] for r in await rt.store.releases()] == ["retired"]
     finally:
         await rt.close()
@@ -101,7 +101,7 @@ async def test_a_corrupt_release_is_refused_and_never_goes_live(tmp_path):
         path, meta = make_release(tmp_path)
         (tmp_path / "releases/night-0001/model-q8_0.gguf").write_bytes(b"GGUF tampered")
         await rt.store.add_release("night-0001", path, meta)
-        text = await admin.promote(rt)
+        text = await admin.promote(rt.releases)
         assert "refused" in text and "SHA-256" in text
         assert rt.supervisor.swaps == []
         assert [r["state"] for r in await rt.store.releases()] == ["candidate"]
@@ -141,7 +141,7 @@ async def test_progress_reaches_listeners_once_per_change_and_wake_cancels(tmp_p
         await rt.night.poll()
         await rt.night.poll()
         assert seen.count("judging") == 1 and seen[-1] == "judging"  # once, however often polled
-        assert (await admin.wake(rt)) == f"Cancelled night job(s) #{job}."
+        assert (await admin.wake(rt.store)) == f"Cancelled night job(s) #{job}."
         assert sleeper.wait(timeout=10) != 0  # SIGTERM reached the trainer's process group
         await rt.night.poll()
         assert seen[-1] == "cancelled" and seen.count("cancelled") == 1

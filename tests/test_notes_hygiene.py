@@ -87,7 +87,7 @@ async def test_health_reports_notes_and_duplicates_per_channel(rt):
 
 
 async def test_the_weekly_cleaning_visits_every_channel_with_notes(rt):
-    text = await routine_clean_all(rt)
+    text = await routine_clean_all(rt.spaces.services["notes"], rt.registry.names(), rt.turn)
     lines = text.splitlines()
     assert lines[0].startswith("#c1: Routine cleaning (episode #") and "3 notes before, 2 after" \
         in lines[0]
@@ -100,7 +100,7 @@ async def test_notes_clean_says_so_when_the_note_tools_are_not_offered(tmp_path)
     config.agent.tools = "auto"  # the embedded model's core set
     rt = await start_runtime(config, ScriptedLLM([say("should not run")]))
     try:
-        text = await routine_clean(rt, "c1")
+        text = await routine_clean(rt.spaces.services["notes"], rt.registry.names(), rt.turn, "c1")
         assert "not offered the note tools" in text and 'agent.tools = "all"' in text
         assert await rt.store.episodes_since(0) == []  # no turn was run
     finally:

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from bot import admin
-from bot.config import load_config
+from core.config import load_config
 from bot.model_pair import check_pair
 from bot.runtime import Runtime
-from bot.serving.client import LLM
-from bot.tool_profiles import is_embedded, tool_names
+from serving.client import LLM
+from bot.agent.tool_profiles import is_embedded, tool_names
 from tests.scripted import ScriptedLLM
 from tests.test_night_e2e import day_script, wait_for
 
@@ -102,7 +102,7 @@ max_tokens = 512
         assert reply.completion_tokens > 0  # the real server generates with the Qwen3 GGUF
         for channel in ("general", "notes", "general"):
             await rt.turn(channel, f"Please remember: buy milk in #{channel}")
-        text = await admin.sleep(rt, "test", "general")
+        text = await admin.sleep(rt.store, rt.night, rt.agent, "test", "general")
         assert text.startswith("Going to sleep: night job #1")
         job = await wait_for(rt, 1, ("live", "done", "failed"), 1200)
         assert job["state"] in ("live", "done"), job["error"]
@@ -111,7 +111,7 @@ max_tokens = 512
             # degenerate after training. The night's path is what is under test, so an
             # admin promotes the candidate, as in manual mode.
             assert job["progress"]["gate"]["passed"] is False
-            assert (await admin.promote(rt)).startswith("Now serving release #1")
+            assert (await admin.promote(rt.releases)).startswith("Now serving release #1")
         release = config.data_dir / "releases/night-0001"
         assert rt.supervisor.gguf == release / "model-q8_0.gguf"
         meta = json.loads((release / "release.json").read_text())

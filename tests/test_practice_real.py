@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 
 # Proves where it ran: only inside the sandbox is the workspace /workspace and the cwd.

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from bot.commands import Caller, parse_command, run_command
-from bot.config import Config
-from bot.practice.sets import is_held_out
+from core.config import Config
+from core.practice.sets import is_held_out
 from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 from tests.test_channels import FakeServer
@@ -65,7 +65,7 @@ async def test_practice_runs_each_task_g_times_and_records_verifier_rewards(tmp_
     async def listen(line: str) -> None:
         lines.append(line)
 
-    rt.practice_listeners.append(listen)
+    rt.practice.listeners.append(listen)
     try:
         name, options = parse_command(f"/practice {practice_set(tmp_path)} --samples 3")
         answer = await run_command(rt, Caller(0, (), "general", "console", local=True), name,
@@ -158,7 +158,7 @@ async def test_practice_is_for_admins_only(tmp_path):
 
 async def test_a_turn_stopped_by_the_step_limit_scores_0_and_a_server_failure_is_unjudged(
         tmp_path):
-    from bot.serving.client import LLMError
+    from serving.client import LLMError
 
     (tmp_path / "always.py").write_text("def reward(answer, workspace):\n    return 1.0\n")
     tasks = [{"id": "add", "prompt": "loop", "check": {"python": "always.py"}},
@@ -246,7 +246,7 @@ async def test_a_reference_with_tool_calls_is_run_and_recorded_as_the_agents_own
     assert "notes/plan.txt" in tool_step.content and tool_step.meta["ok"]
     assert (workspace.root / "notes/plan.txt").read_text() == "ship it"
     assert final.content == "Saved." and final.meta["choice"] == "message"
-    # Each step records the exact context the night renders (bot.storage.prefixes).
+    # Each step records the exact context the night renders (core.storage.prefixes).
     assert call_step.meta["context"]["tail"] == 1 and final.meta["context"]["tail"] == 3
 
 
@@ -275,3 +275,69 @@ async def test_a_practice_attempt_stops_at_the_practice_step_limit(tmp_path):
     assert len(attempts) == 2 and {e.status for e in attempts} == {"aborted"}
     for episode in attempts:
         assert sum(1 for s in episode.steps if s.role == "assistant") == 3
+
+
+class AnswersFromATable:
+    """A scripted agent: no model, no tools; each turn is an episode in the store."""
+
+    def __init__(self, store, answers: dict[str, str], temperature: float) -> None:
+        self.store, self.answers, self.temperature = store, answers, temperature
+
+    async def turn(self, channel: str, text: str, speaker: str = "user"):
+        from bot.agent.loop import TurnResult
+        from core.storage.schema import Step
+
+        reply = self.answers[text]
+        episode, _ = await self.store.start_turn(channel, None, [Step("user", text, name=speaker)])
+        await self.store.add_step(episode, Step("assistant", reply))
+        await self.store.end_episode(episode, "complete")
+        return TurnResult(channel, reply, episode, ok=True, steps=1)
+
+
+async def test_a_practice_run_needs_only_a_store_and_an_agent_not_the_runtime(tmp_path):
+    """Practice takes its services (bot.practice.services), so it runs without a model
+    server, tools or front end: the verdicts reach the store as the night reads them."""
+    from bot.practice.runner import run_practice
+    from bot.practice.services import PracticeServices
+    from core.storage.events import Event
+    from core.storage.store import Store
+    from sandbox.paths import Workspace
+    from tools import ToolContext
+
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    config.practice.temperature = 0.7
+    config.practice.demonstrate = False  # a demonstration is a turn of the real agent
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in (
+        {"id": "a", "prompt": "2 plus 3?", "check": {"exact": "5"}},
+        {"id": "b", "prompt": "9 minus 2?", "check": {"exact": "7"}})))
+    store = await Store.open(tmp_path / "store.db")
+    made = []
+
+    def make_agent(cfg):
+        made.append(AnswersFromATable(store, {"2 plus 3?": "5", "9 minus 2?": "6"},
+                                      cfg.agent.temperature))
+        return made[-1]
+
+    lines = []
+
+    async def listen(line):
+        lines.append(line)
+
+    def context(channel):  # exact checks read the answer alone: no sandbox is needed
+        return ToolContext.open(channel, Workspace(tmp_path / "ws" / channel),
+                                tmp_path / "state" / channel, sandbox=None)
+
+    services = PracticeServices(config, store, make_agent, context, listeners=[listen])
+    try:
+        summary = await run_practice(services, path, samples=2)
+        events = await store.events(Event.VERIFIER_REWARD)
+    finally:
+        await store.close()
+    assert [a.temperature for a in made] == [0.7]  # one agent, at the practice temperature
+    rewards = sorted((e["payload"]["task"], e["payload"]["reward"]) for e in events)
+    assert rewards == [("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 0.0)]
+    assert {e["payload"]["group"] for e in events} == {"sums:a:1", "sums:b:1"}
+    assert "Mean reward 0.50 over 4 judged attempts" in summary and len(lines) == 2

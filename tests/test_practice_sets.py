@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.practice.checks import judge
-from bot.practice.sets import (
+from core.practice.checks import judge
+from core.practice.sets import (
     Check,
     PracticeSetError,
     Task,

@@ -2,7 +2,7 @@
 follow-up that reuses its prompt after other traffic, through the real server.
 
 The server tests read the token counts from the server's own log
-(``bot.serving.server_log``), never wall-clock times.
+(``serving.server_log``), never wall-clock times.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bot.config import Config
-from bot.serving.client import LLM
-from bot.serving.probe import canary as canary_probe
-from bot.serving.prompt_cache import NESTED_SLACK, _lean_state_methods, make_prompt_cache_class
-from bot.serving.supervisor import ServerSupervisor
-from bot.serving.server_log import LogTail, Request
+from core.config import Config
+from serving.client import LLM
+from serving.probe import canary as canary_probe
+from core.model.prompt_cache import NESTED_SLACK, _lean_state_methods, make_prompt_cache_class
+from serving.supervisor import ServerSupervisor
+from serving.server_log import LogTail, Request
 from tools import default_registry
 
 PREFIX = tuple(range(100, 400))  # stands for the system prompt and the tool list

@@ -16,7 +16,7 @@ from bot import admin
 from bot.app import console_commands
 from bot.console import ConsoleRenderer, run_console
 from bot.night.jobs import is_trainer
-from bot.serving.kinds import ServerStartError
+from serving.kinds import ServerStartError
 from tests.scripted import ScriptedLLM, say
 from tests.test_nightwatch import fake_trainer, make_release, runtime
 
@@ -76,13 +76,15 @@ async def test_a_second_rollback_goes_further_back_never_forward(tmp_path):
     try:
         first = await add_candidate(rt, tmp_path, "night-0001")
         second = await add_candidate(rt, tmp_path, "night-0002")
-        assert (await admin.promote(rt, first)).startswith(f"Now serving release #{first}")
-        assert (await admin.promote(rt, second)).startswith(f"Now serving release #{second}")
-        assert (await admin.rollback(rt)).startswith(f"Now serving release #{first}")
-        text = await admin.rollback(rt)  # before the fix: release #2 again
+        assert (await admin.promote(rt.releases, first)).startswith(
+            f"Now serving release #{first}")
+        assert (await admin.promote(rt.releases, second)).startswith(
+            f"Now serving release #{second}")
+        assert (await admin.rollback(rt.releases)).startswith(f"Now serving release #{first}")
+        text = await admin.rollback(rt.releases)  # before the fix: release #2 again
         assert text.startswith("Rolled back to the base model"), text
         assert [r["state"] for r in await rt.store.releases()] == ["retired", "retired"]
-        assert (await admin.rollback(rt)).startswith("The base model is already serving")
+        assert (await admin.rollback(rt.releases)).startswith("The base model is already serving")
         served = [gguf.parent.name if gguf.parent.name.startswith("night") else gguf.name
                   for gguf, _ in rt.supervisor.swaps]
         assert served == ["night-0001", "night-0002", "night-0001", rt.config.served_gguf.name]
@@ -99,7 +101,8 @@ async def test_two_sleeps_at_once_start_one_night(tmp_path):
 
     rt.night.launch = launch
     try:
-        answers = await asyncio.gather(*(admin.sleep(rt, "alice", "c1") for _ in range(4)))
+        answers = await asyncio.gather(*(admin.sleep(rt.store, rt.night, rt.agent, "alice", "c1")
+                                         for _ in range(4)))
         assert len(await rt.store.jobs("sleep")) == 1 and launched == [1]
         assert sum(a.startswith("Going to sleep") for a in answers) == 1
         assert sum(a.startswith("A night is already queued (job #1)") for a in answers) == 3
@@ -122,7 +125,7 @@ async def test_wake_never_signals_a_reused_pid(tmp_path):
         await rt.store.update_job(job, state="training", pid=other.pid)
         second = await rt.store.create_job("sleep", {})
         await rt.store.update_job(second, state="queued", pid=other_night.pid)
-        assert (await admin.wake(rt)) == f"Cancelled night job(s) #{job}, #{second}."
+        assert (await admin.wake(rt.store)) == f"Cancelled night job(s) #{job}, #{second}."
         await asyncio.sleep(0.3)
         assert other.poll() is None and other_night.poll() is None  # both untouched
     finally:
@@ -154,7 +157,7 @@ async def test_wake_stops_this_nights_trainer(tmp_path):
         trainer = fake_trainer(job)
         await rt.store.update_job(job, state="training", pid=trainer.pid)
         await asyncio.sleep(0.2)  # until its command line is the trainer's
-        await admin.wake(rt)
+        await admin.wake(rt.store)
         assert trainer.wait(timeout=10) == -15
     finally:
         await rt.close()
@@ -177,7 +180,7 @@ async def test_sys_reset_waits_for_the_channels_turn(tmp_path):
     try:
         turn = asyncio.create_task(rt.turn("c1", "hello"))
         await asyncio.wait_for(llm.entered.wait(), 10)
-        reset = asyncio.create_task(admin.sys_reset(rt, "c1"))
+        reset = asyncio.create_task(admin.sys_reset(rt.workers, rt.spaces, "c1"))
         await asyncio.sleep(0.2)
         assert not reset.done()  # the turn holds the channel (its journal)
         llm.release.set()
@@ -188,7 +191,8 @@ async def test_sys_reset_waits_for_the_channels_turn(tmp_path):
         turn = asyncio.create_task(rt.turn("c1", "a long one"))
         llm.entered.clear()
         await asyncio.wait_for(llm.entered.wait(), 10)
-        busy = await admin.sys_reset(rt, "c1", wait_s=0.2)  # never hangs on a long turn
+        # never hangs on a long turn
+        busy = await admin.sys_reset(rt.workers, rt.spaces, "c1", wait_s=0.2)
         assert busy.startswith("This channel is in the middle of a turn")
         llm.release.set()
         await asyncio.wait_for(turn, 10)

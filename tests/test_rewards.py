@@ -7,16 +7,15 @@ import json
 
 import pytest
 
-from bot.config import NightConfig
-from bot.storage.embedder import MiniLMEmbedder
-from bot.storage.schema import Episode, StoredStep
-from bot.storage.store import Store
+from core.config import NightConfig
+from core.storage.embedder import MiniLMEmbedder
+from core.storage.schema import Episode, StoredStep
+from core.storage.store import Store
 from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
 from trainer.advantages import episode_row
 from trainer.judge import Message, SubTask
+from core.storage.events import REFERENCE, Event
 from trainer.rewards import (
-    REFERENCE,
-    VERIFIER_EVENT,
     group_relative,
     looped,
     person_reward,
@@ -57,8 +56,8 @@ async def test_a_check_outranks_a_label_which_outranks_the_step_limit_which_outr
         store, tmp_path, embedder):
     checked, _, _ = await tool_episode(store, "checked")
     await store.add_label(checked, "rejected", "reaction")  # a check that ran outranks the label
-    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 0.0, "check": "exact"})
-    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+    await store.add_event("checked", checked, Event.VERIFIER_REWARD, {"reward": 0.0, "check": "exact"})
+    await store.add_event("checked", checked, Event.VERIFIER_REWARD, {"reward": 1.0, "check": "exact"})
     relabelled, _, _ = await tool_episode(store, "relabelled")
     await store.add_label(relabelled, "accepted", "reaction")
     await store.add_label(relabelled, "rejected", "reaction")  # the latest label wins
@@ -95,7 +94,7 @@ async def test_the_judge_is_measured_against_labels_and_checks(store, tmp_path, 
         episode, _, _ = await tool_episode(store, channel)
         await store.add_label(episode, label, "reaction")
     checked, _, _ = await tool_episode(store, "checked")
-    await store.add_event("checked", checked, VERIFIER_EVENT, {"reward": 0.0, "check": "regex"})
+    await store.add_event("checked", checked, Event.VERIFIER_REWARD, {"reward": 0.0, "check": "regex"})
     await tool_episode(store, "unlabelled")
     server = await serve(always(1))  # the judge calls every answer good
     try:  # every checked channel read too (by default a sample of them)
@@ -112,10 +111,10 @@ async def test_the_judge_skips_channels_a_check_rewarded_but_reads_every_labelle
         store, tmp_path, embedder):
     for k in range(3):  # practice: each attempt a channel, each rewarded by its check
         episode, _, _ = await tool_episode(store, f"practice-{k}")
-        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+        await store.add_event(f"practice-{k}", episode, Event.VERIFIER_REWARD,
                               {"reward": 1.0 * (k == 0), "check": "exact", "group": "g"})
     both, _, _ = await tool_episode(store, "both")
-    await store.add_event("both", both, VERIFIER_EVENT, {"reward": 1.0, "check": "exact"})
+    await store.add_event("both", both, Event.VERIFIER_REWARD, {"reward": 1.0, "check": "exact"})
     await store.add_label(both, "accepted", "reaction")
     await tool_episode(store, "chat")
     server = await serve(always(1))
@@ -138,7 +137,7 @@ async def test_a_checked_attempt_always_trains_whatever_the_eval_share(store, tm
                                                                          embedder):
     for k in range(6):
         episode, _, _ = await tool_episode(store, f"practice-{k}")
-        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+        await store.add_event(f"practice-{k}", episode, Event.VERIFIER_REWARD,
                               {"reward": 1.0 * (k % 2), "check": "exact", "group": "g"})
         await tool_episode(store, f"chat-{k}")
     server = await serve(always(1))
@@ -167,8 +166,9 @@ async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp
             if r["kind"] == "episode"}
     assert set(rows) == {good, bad, looped}
     assert rows[looped]["reward_source"] == {"source": "verifier", "check": "step-limit",
-                                             "reward": -1.0}
-    assert rows[bad]["reward_source"] == {"source": "person", "check": "label", "reward": -1.0}
+                                             "reward": -1.0, "looped": False}
+    assert rows[bad]["reward_source"] == {"source": "person", "check": "label", "reward": -1.0,
+                                          "looped": False}
     judged = {e: [a for a in r["advantages"] if a is not None] for e, r in rows.items()}
     assert all(a > 0 for a in judged[good]) and len(judged[good]) == 2
     assert all(a < 0 for a in judged[bad] + judged[looped])
@@ -184,10 +184,10 @@ async def test_practice_attempts_of_one_task_are_measured_against_their_group_me
     for i, reward in enumerate((1.0, 0.0, 1.0)):
         channel = f"practice-{i}"
         episode, _, _ = await tool_episode(store, channel)
-        await store.add_event(channel, episode, VERIFIER_EVENT,
+        await store.add_event(channel, episode, Event.VERIFIER_REWARD,
                               {"reward": reward, "check": "exact", "task": "t1", "group": "run1:t1"})
     single, _, _ = await tool_episode(store, "single")
-    await store.add_event("single", single, VERIFIER_EVENT,
+    await store.add_event("single", single, Event.VERIFIER_REWARD,
                           {"reward": 1.0, "check": "exact", "group": "run1:t2"})
     server = await serve(always(0))  # value model: score 0, length 2
     try:
@@ -208,7 +208,7 @@ async def test_an_attempt_that_loops_fails_whatever_its_check_gave(store, tmp_pa
     for i, (reward, answer) in enumerate(((0.5, loop), (0.0, "I could not."), (0.0, "No."))):
         channel = f"practice-{i}"
         episode, _, _ = await tool_episode(store, channel, answer=answer)
-        await store.add_event(channel, episode, VERIFIER_EVENT, {
+        await store.add_event(channel, episode, Event.VERIFIER_REWARD, {
             "reward": reward, "check": "python:f.py", "task": "t1", "group": "run1:t1"})
     liked, _, _ = await tool_episode(store, "liked", answer=loop)
     await store.add_label(liked, "accepted", "reaction")
@@ -217,10 +217,10 @@ async def test_an_attempt_that_loops_fails_whatever_its_check_gave(store, tmp_pa
         result, _ = await run(config_for(tmp_path), store, server, embedder)
     finally:
         await server.stop()
-    got = {c: (s.source, s.check, s.reward) for c, s in by_channel(result).items()}
-    assert got["practice-0"] == ("verifier", "python:f.py, looped", -1.0)
-    assert got["practice-1"] == ("verifier", "python:f.py", -1.0)
-    assert got["liked"] == ("person", "label", 1.0)
+    got = {c: (s.source, s.check, s.reward, s.looped) for c, s in by_channel(result).items()}
+    assert got["practice-0"] == ("verifier", "python:f.py", -1.0, True)
+    assert got["practice-1"] == ("verifier", "python:f.py", -1.0, False)
+    assert got["liked"] == ("person", "label", 1.0, False)
     assert result.counts["looped"] == 1
     # All three attempts now failed alike: the group is held by its first, nothing pushed up.
     tasks = {r["episode_id"]: r["parts"]["task"] for r in await store.advantages(1)
@@ -358,7 +358,7 @@ def test_centring_leaves_rows_measured_against_their_group():
 async def test_the_judge_reads_at_most_judge_checked_max_checked_channels(store, tmp_path, embedder):
     for k in range(5):
         episode, _, _ = await tool_episode(store, f"practice-{k}")
-        await store.add_event(f"practice-{k}", episode, VERIFIER_EVENT,
+        await store.add_event(f"practice-{k}", episode, Event.VERIFIER_REWARD,
                               {"reward": 1.0, "check": "exact", "group": "g"})
     await tool_episode(store, "chat")  # no check: always read, outside the cap
     server = await serve(always(1))

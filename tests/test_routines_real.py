@@ -12,8 +12,8 @@ import asyncio
 import pytest
 
 from bot.commands import Caller, run_command
-from bot.config import Config
-from bot.config.routines import Swarm
+from core.config import Config
+from core.config.routines import Swarm
 from bot.runtime import Runtime
 
 ADMIN = Caller(0, (), "s1", "console", local=True)

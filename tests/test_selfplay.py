@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from bot.config import Config
-from bot.practice.sets import load_set
+from core.config import Config
+from core.practice.sets import load_set
 from bot.runtime import Runtime
 from bot.selfplay.proposal import proposer_reward
 from bot.selfplay.round import PROPOSER_SECTION
@@ -157,7 +157,7 @@ async def test_a_kept_task_in_the_held_out_share_is_published_and_never_trained_
 
 
 def _held_out(prompt: str) -> bool:
-    from bot.practice.sets import is_held_out
+    from core.practice.sets import is_held_out
     from bot.selfplay.proposal import parse_proposal
 
     return is_held_out(parse_proposal(proposal({"exact": "42"}, prompt=prompt)).id, 90)
@@ -260,7 +260,7 @@ async def test_the_daily_schedule_starts_once_a_day_and_skips_a_missed_time(tmp_
     script = Script([], ["42"])  # the proposer answers "noted": invalid, quickly
     rt, _ = await start(tmp_path, script, daily="14:00", max_tries=1)
     try:
-        daily = SelfPlay(rt, clock=lambda: now[0])
+        daily = SelfPlay(rt.practice, clock=lambda: now[0])
         first = await daily.tick()  # 13:00: today's 14:00 has not come
         now[0] = now[0].replace(hour=14, minute=5)
         second = await daily.tick()

@@ -12,11 +12,11 @@ import json
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
 from bot.selfplay.proposal import proposer_reward
-from bot.serving.client import LLM
-from bot.serving.supervisor import ServerSupervisor
+from serving.client import LLM
+from serving.supervisor import ServerSupervisor
 from tests.scripted import say
 
 

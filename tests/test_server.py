@@ -1,6 +1,6 @@
-"""bot.serving.supervisor: command lines per kind, start/stop, the canary watchdog, start failures.
+"""serving.supervisor: command lines per kind, start/stop, the canary watchdog, start failures.
 
-The ``slow`` tests run the real llama_cpp.server (through ``bot.serving.shim``)
+The ``slow`` tests run the real llama_cpp.server (through ``core.model.shim``)
 with the tiny embedded model.
 """
 
@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.config import Config
-from bot.serving.client import LLM
-from bot.serving.supervisor import (
+from core.config import Config
+from serving.client import LLM
+from serving.supervisor import (
     ServerNotReady,
     ServerStartError,
     ServerSupervisor,
     server_kind,
 )
-from bot.serving.watchdog import _is_busy
+from serving.watchdog import _is_busy
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 
@@ -56,7 +56,7 @@ def test_llama_cpp_python_command_serves_the_gguf_with_the_configured_settings(t
         model={"alias": "nick", "context_tokens": 2048, "chat_format": "chatml"},
     )  # fmt: skip
     argv = server_kind("llama-cpp-python").command(config, Path("/m.gguf"), "127.0.0.1", 9001)
-    assert argv[:3] == [sys.executable, "-m", "bot.serving.shim"]  # llama_cpp.server, unescaped
+    assert argv[:3] == [sys.executable, "-m", "core.model.shim"]  # llama_cpp.server, unescaped
     flags = dict(zip(argv[3::2], argv[4::2]))
     assert flags == {
         "--model": "/m.gguf",
@@ -67,7 +67,7 @@ def test_llama_cpp_python_command_serves_the_gguf_with_the_configured_settings(t
         "--model_alias": "nick",
         "--logits_all": "false",  # nothing reads prompt logits; they cost each cache save
         "--n_threads": "2",
-        "--cache": "true",  # the prompt cache (bot.serving.prompt_cache), on by default
+        "--cache": "true",  # the prompt cache (core.model.prompt_cache), on by default
         "--cache_type": "ram",
         "--cache_size": str(1024 * 2**20),
         "--n_batch": "256",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.serving import orphans
-from bot.serving.supervisor import ServerSupervisor
+from serving import orphans
+from serving.supervisor import ServerSupervisor
 from tests.fake_llama_server import FakeKind
 from tests.test_server import make_config
 
@@ -50,7 +50,7 @@ def kill_a_bot_serving(tmp_path: Path, port: int, gguf: Path | None) -> int:
     bot = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import asyncio, sys, time
         from pathlib import Path
-        from bot.serving.supervisor import ServerSupervisor
+        from serving.supervisor import ServerSupervisor
         from tests.test_server import make_config
         from tests.test_server_orphans import supervisor
 
@@ -114,7 +114,7 @@ def test_a_pid_file_naming_another_program_leaves_it_alone(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         pid_file = tmp_path / "run" / "server-1.pid"
-        orphans.record(pid_file, other.pid, [sys.executable, "-m", "bot.serving.shim"])
+        orphans.record(pid_file, other.pid, [sys.executable, "-m", "core.model.shim"])
         assert orphans.stop_stale(pid_file) is None
         assert other.poll() is None and not pid_file.exists()
     finally:

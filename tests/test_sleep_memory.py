@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.storage.embedder import MiniLMEmbedder
-from bot.storage.store import Store
+from core.storage.embedder import MiniLMEmbedder
+from core.storage.store import Store
 from tests.test_night_judge import REPORT, config_for, report, serve, tool_episode
 from trainer import sleep
 from trainer.value import ValueMemory

@@ -16,11 +16,11 @@ import pytest
 from llama_cpp import llama_chat_format
 
 import tools.files
-from bot.config import Config
-from bot.serving.shim import plain_templates
-from bot.serving.client import LLM
-from bot.serving.special_tokens import SPECIAL_TEXT, ZERO_WIDTH_SPACE, neutralise
-from bot.serving.wire import FUNCTION_CALLING, server_messages
+from core.config import Config
+from core.model.shim import plain_templates
+from serving.client import LLM
+from core.model.special_tokens import SPECIAL_TEXT, ZERO_WIDTH_SPACE, neutralise
+from core.model.wire import FUNCTION_CALLING, server_messages
 from sandbox.paths import Workspace
 from tests.shim_server import shim_server
 from tests.test_llm import completion

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import bot.storage.schema
-from bot.storage.schema import SCHEMA_VERSION
-from bot.storage.store import SchemaTooNewError, Step, Store
+import core.storage.schema
+from core.storage.schema import SCHEMA_VERSION
+from core.storage.store import SchemaTooNewError, Step, Store
 
 
 def _load_writer():
@@ -239,8 +239,8 @@ async def test_failing_migration_rolls_back_to_the_previous_version(tmp_path, mo
     async with await Store.open(path):
         pass
     broken = ["CREATE TABLE half_done (x)", "CREATE TABLE steps (x)"]  # second one fails
-    monkeypatch.setattr(bot.storage.schema, "MIGRATIONS", [*bot.storage.schema.MIGRATIONS, broken])
-    monkeypatch.setattr(bot.storage.schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(core.storage.schema, "MIGRATIONS", [*core.storage.schema.MIGRATIONS, broken])
+    monkeypatch.setattr(core.storage.schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with pytest.raises(sqlite3.OperationalError, match="already exists"):
         await Store.open(path)
     db = sqlite3.connect(path)
@@ -286,7 +286,7 @@ async def test_duplicate_release_name_is_refused(store):
 
 def test_store_imports_neither_discord_nor_torch():
     code = (
-        "import sys, bot.storage.store; "
+        "import sys, core.storage.store; "
         "bad = [m for m in ('torch', 'discord') if m in sys.modules]; "
         "assert not bad, bad"
     )

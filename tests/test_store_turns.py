@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from bot.storage.store import Step, Store
+from core.storage.store import Step, Store
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Model swap with no lost request (bot.serving.swap), and the LLM's in-flight count it drains on.
+"""Model swap with no lost request (serving.swap), and the LLM's in-flight count it drains on.
 
 The fast tests use an OpenAI-compatible stub whose answers wait for a gate. The
 ``slow`` tests swap the real llama_cpp.server (tiny model, and a copy of it as
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bot.config import Config
-from bot.serving.client import LLM, LLMError
-from bot.serving.supervisor import ServerStartError, ServerSupervisor
+from core.config import Config
+from serving.client import LLM, LLMError
+from serving.supervisor import ServerStartError, ServerSupervisor
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 ANSWER = {

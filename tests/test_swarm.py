@@ -12,7 +12,7 @@ import pytest
 import tools.board
 import tools.files
 from bot.commands import Caller, run_command
-from bot.config.routines import Swarm, SwarmsConfig
+from core.config.routines import Swarm, SwarmsConfig
 from sandbox.paths import Workspace
 from tests.discord_helpers import make_config, start_runtime
 from tests.scripted import ScriptedLLM, call, say

@@ -9,8 +9,8 @@ import jinja2.sandbox
 import pytest
 from llama_cpp import llama_chat_format
 
-from bot.serving.shim import plain_templates
-from bot.serving.wire import FUNCTION_CALLING, server_messages
+from core.model.shim import plain_templates
+from core.model.wire import FUNCTION_CALLING, server_messages
 from tests.shim_server import shim_server
 from trainer.tokens import (
     ACTION,
@@ -75,7 +75,7 @@ class _PromptCatcher:
 
 
 def _served_prompt(messages: list[dict], tools: list[dict] | None, tool_choice: str) -> str:
-    plain_templates()  # as the server runs it, through bot.serving.shim
+    plain_templates()  # as the server runs it, through core.model.shim
     with pytest.raises(_Captured) as caught:
         llama_chat_format.chatml_function_calling(
             llama=_PromptCatcher(), messages=server_messages(messages, FUNCTION_CALLING),
@@ -301,7 +301,7 @@ def test_token_count_equals_llama_cpp_prompt_tokens_without_tools(llama, tokeniz
 
 @pytest.mark.slow
 def test_the_shimmed_server_counts_the_prompt_tokens_we_render(served_gguf, free_port, tokenizer, tmp_path):
-    """The real server through bot.serving.shim reads the unescaped prompt we render.
+    """The real server through core.model.shim reads the unescaped prompt we render.
 
     Under ``auto`` the reply's usage sums the handler's follow-up completions:
     the prompt plus ``message:\\n``, or, per call, the prompt plus the calls

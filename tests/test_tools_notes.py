@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import tools.notes
-from bot.storage.embedder import MiniLMEmbedder
+from core.storage.embedder import MiniLMEmbedder
 from sandbox.paths import Workspace
 from tools import Registry, ToolContext
 from tools.notes import NoteStore, collection_name

@@ -14,7 +14,7 @@ from sandbox.paths import Workspace
 from sandbox.process import Sandbox
 from tools import ToolContext, default_registry, programs
 from tools.jobs import JobRunner
-from tools.python_jobs import job_runner, jobs_summary
+from tools.python_jobs import job_runner
 
 REGISTRY = default_registry()
 REPO = Path(__file__).resolve().parents[1]
@@ -235,7 +235,7 @@ async def test_job_records_persist_in_state_dir_and_feed_the_health_summary(ctx)
     await wait_for(lambda: job_runner(ctx).get("j1")["state"] != "running")
     saved = json.loads((ctx.state_dir / "jobs.json").read_text())
     assert saved["jobs"]["j1"]["state"] == "done" and saved["next_id"] == 2
-    assert jobs_summary(ctx)[0]["id"] == "j1" and ctx.services["jobs"]()[0]["state"] == "done"
+    assert ctx.services["jobs"]()[0]["id"] == "j1" and ctx.services["jobs"]()[0]["state"] == "done"
     assert "id=j1, state=done" in await ok(ctx, "health")
 
 

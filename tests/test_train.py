@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer import plan as P
 from trainer import train as T
+from trainer import train_cli
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 
 HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
@@ -210,11 +212,29 @@ def test_cli_trains_from_jsonl_and_writes_the_adapter(base_dir, tmp_path, capsys
     data = tmp_path / "night.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
     out = tmp_path / "adapter"
-    assert T.main(["--data", str(data), "--base", str(base_dir), "--out", str(out),
+    assert train_cli.main(["--data", str(data), "--base", str(base_dir), "--out", str(out),
                    "--steps", "1", "--micro-batch", "4", "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["steps"] == 1 and summary["sequences"] == 3
     assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_python_m_trainer_train_trains_with_the_configs_lr_and_batch(base_dir, tmp_path, capsys):
+    """A manual retrain ran with trainer.train's own defaults while the night used [train]."""
+    from trainer.__main__ import main as trainer_main
+
+    data = tmp_path / "night.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _rows()))
+    config = tmp_path / "config.toml"
+    data_dir = tmp_path / "data"
+    config.write_text(f'[paths]\ndata_dir = "{data_dir}"\n'
+                      "[train]\nlr = 0.005\nbatch = 2\nsteps = 1\nschedule = \"constant\"\n"
+                      "warmup_steps = 0\nmicro_batch = 4\n")
+    assert trainer_main(["--config", str(config), "train", "--data", str(data), "--base",
+                         str(base_dir), "--out", str(tmp_path / "adapter"), "--no-progress"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["batch"] == 2 and summary["last"]["sequences"] == 2
+    assert summary["lr"] == 0.005 and summary["last"]["lr"] == pytest.approx(0.005)
 
 
 def test_rows_without_anything_to_learn_are_refused(base_dir, tmp_path):
@@ -227,8 +247,8 @@ def test_batches_cover_every_sequence_once_per_epoch_and_feed_every_process():
     import itertools
 
     for n, batch, processes in ((10, 4, 1), (10, 4, 3), (3, 64, 1)):
-        per_epoch = T._batches_per_epoch(n, batch, processes)
-        batches = [b for b, _ in itertools.islice(T._batches(n, T.Settings(batch=batch), processes),
+        per_epoch = P.batches_per_epoch(n, batch, processes)
+        batches = [b for b, _ in itertools.islice(P.batches(n, T.Settings(batch=batch), processes),
                                                   2 * per_epoch)]
         for epoch in (batches[:per_epoch], batches[per_epoch:]):
             assert sorted(i for b in epoch for i in b) == list(range(n))
@@ -241,7 +261,7 @@ def test_the_remainder_batch_is_weighted_by_its_size():
 
     def epoch(n, batch, processes=1):
         return [(len(b), w) for b, w in itertools.islice(
-            T._batches(n, T.Settings(batch=batch), processes), T._batches_per_epoch(n, batch, processes))]
+            P.batches(n, T.Settings(batch=batch), processes), P.batches_per_epoch(n, batch, processes))]
 
     assert epoch(70, 64) == [(64, 1.0), (6, 6 / 64)]
     assert epoch(20, 64) == [(20, 1.0)]  # a night smaller than a batch: no remainder
@@ -250,10 +270,10 @@ def test_the_remainder_batch_is_weighted_by_its_size():
 
 
 def test_a_night_takes_at_least_min_steps_unless_steps_is_set():
-    assert T.planned_steps(3, T.Settings()) == 16  # one batch a night would be 1 step
-    assert T.planned_steps(3, T.Settings(min_steps=5, epochs=2)) == 5
-    assert T.planned_steps(640, T.Settings(epochs=2)) == 20  # 2 epochs of 10 batches
-    assert T.planned_steps(3, T.Settings(steps=2)) == 2  # an explicit count wins
+    assert P.planned_steps(3, T.Settings()) == 16  # one batch a night would be 1 step
+    assert P.planned_steps(3, T.Settings(min_steps=5, epochs=2)) == 5
+    assert P.planned_steps(640, T.Settings(batch=64, epochs=2)) == 20  # 2 epochs of 10 batches
+    assert P.planned_steps(3, T.Settings(steps=2)) == 2  # an explicit count wins
 
 
 def test_a_small_night_gets_smaller_batches_not_more_than_max_epochs_passes():
@@ -314,7 +334,7 @@ def test_a_missing_base_checkpoint_is_a_clear_error_not_a_hub_lookup(tmp_path, c
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in _rows()))
     with pytest.raises(SystemExit) as caught:
-        T.main(["--data", str(data), "--base", str(tmp_path / "nothing"), "--out", str(tmp_path)])
+        train_cli.main(["--data", str(data), "--base", str(tmp_path / "nothing"), "--out", str(tmp_path)])
     assert caught.value.code == 2 and "nothing is missing" in capsys.readouterr().err
 
 

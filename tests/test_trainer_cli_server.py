@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from bot.config import Config
+from core.config import Config
 from trainer.__main__ import _answers
 
 

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
-from tools.schema import ArgumentError, check_value, is_optional, json_type, parse_docstring, type_word
+from tools.schema import (  # noqa: F401 - ToolError is re-exported
+    ArgumentError, ToolError, check_value, is_optional, json_type, parse_docstring, type_word,
+)
 
 if TYPE_CHECKING:
     from sandbox.paths import Workspace
@@ -56,10 +58,6 @@ TOOL_MODULES = (
 
 # A safety net over the tools' own bounds: one observation must not flood the context.
 MAX_OUTPUT_CHARS = 16_000
-
-
-class ToolError(ValueError):
-    """A refusal the model can act on; its message is the observation."""
 
 
 @dataclass

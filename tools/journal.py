@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sandbox.shared_limits import over_quota_message, usage_bytes
-from tools import ToolError
+from tools.schema import ToolError
 from tools.fsroot import FsRoot, atomic_write
 
 # Past this many bytes in one entry's snapshots a change is refused: undo must stay cheap.

@@ -55,11 +55,6 @@ def job_runner(ctx: ToolContext) -> JobRunner:
     return runner
 
 
-def jobs_summary(ctx: ToolContext) -> list[dict[str, Any]]:
-    """The channel's jobs for the health tool: id, state, seconds, exit code."""
-    return job_runner(ctx).summary()
-
-
 # --- run_python ---
 
 

@@ -18,6 +18,11 @@ from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin
 
 
+class ToolError(ValueError):
+    """A refusal the model can act on; its message is the observation. (Here, beside the
+    argument errors, so that the journal can raise it without importing the registry.)"""
+
+
 class ArgumentError(ValueError):
     """The model's arguments do not fit the tool's schema."""
 

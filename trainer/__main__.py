@@ -9,7 +9,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from bot.config import ConfigError, load_config
+from core.config import ConfigError, load_config
 
 
 def _since(text: str | None) -> float | None:
@@ -32,7 +32,7 @@ def _setup(config, args) -> int:
 async def _answers(config) -> bool:
     """Whether something listens where the night will ask the live model to judge; an
     external server is not ours to start (unreachable, it fails the night, resumable)."""
-    from bot.serving.supervisor import ServerSupervisor
+    from serving.supervisor import ServerSupervisor
 
     supervisor = ServerSupervisor(config)
     return not supervisor.kind.spawns or await supervisor.port_in_use()
@@ -43,9 +43,9 @@ async def _night_with_server(config, job: int | None, since: float | None,
     """Run the night; when no bot serves the model (a night resumed by hand after the bot
     stopped), serve the live model here for the night's length: the judge and the gate's
     open-chat check ask it, and a resumed night failed at the gate for want of it."""
-    from bot.night.releases import serve_live
-    from bot.serving.supervisor import ServerSupervisor
-    from bot.storage.store import Store
+    from serving.releases import serve_live
+    from serving.supervisor import ServerSupervisor
+    from core.storage.store import Store
     from trainer.sleep import run_night
 
     if bot_serves or await _answers(config):
@@ -66,7 +66,7 @@ async def _night_with_server(config, job: int | None, since: float | None,
 
 
 def _sleep(config, args) -> int:
-    from bot.storage.store import Store
+    from core.storage.store import Store
 
     job_id = asyncio.run(_night_with_server(config, args.job, _since(args.since),
                                              args.bot_serves))
@@ -85,9 +85,9 @@ def _sleep(config, args) -> int:
 
 
 def _train(config, args) -> int:
-    from trainer.train import main as train_main
+    from trainer.train_cli import main as train_main
 
-    return train_main(args.rest)
+    return train_main(args.rest, config)
 
 
 def _export(config, args) -> int:
@@ -103,7 +103,7 @@ def _export(config, args) -> int:
 
 
 def _eval(config, args) -> int:
-    from bot.storage.store import Store
+    from core.storage.store import Store
     from trainer.gate import run_gate
 
     rows = [json.loads(l) for l in Path(args.data).read_text().splitlines() if l.strip()]
@@ -136,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     sleep.add_argument("--bot-serves", action="store_true",
                        help="the bot that started this night serves the model: never start "
                        "a server here, even while the bot's server restarts (as !sleep runs it)")
-    train = sub.add_parser("train", help="train a LoRA on a night's JSONL (see --help there)")
-    train.add_argument("rest", nargs=argparse.REMAINDER)
+    # Its own flags are trainer.train_cli's (--data, --base, ...): passed on whole. (A
+    # REMAINDER argument dropped them: argparse does not take "--data" as a remainder.)
+    sub.add_parser("train", add_help=False,
+                   help="train a LoRA on a night's JSONL with [train]'s settings (train --help)")
     export = sub.add_parser("export", help="merge an adapter and convert it into a release")
     export.add_argument("--adapter", required=True)
     export.add_argument("--base", required=True)
@@ -152,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--heldout", action="append",
                           help="JSONL of {id, prompt, check} held-out items (repeatable)")
     evaluate.add_argument("--agent-view", help="JSON {system, tools} the agent renders with")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command != "train":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     try:
         config = load_config(args.config)
     except ConfigError as exc:

@@ -52,8 +52,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from bot.config import NightConfig
-from bot.storage.store import Episode
+from core.config import NightConfig
+from core.storage.store import Episode
 from trainer.judge import Message, SubTask
 
 

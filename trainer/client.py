@@ -14,8 +14,8 @@ from typing import Any
 
 import openai
 
-from bot.config import Config
-from bot.serving.wire import neutral_messages
+from core.config import Config
+from core.model.wire import neutral_messages
 
 
 def json_format(schema: dict) -> dict:

@@ -21,8 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.storage.store import Episode, Store
-from trainer.rewards import VERIFIER_EVENT, VerifierReward, person_reward, verifier_rewards
+from core.storage.store import Episode, Store
+from core.storage.events import Event
+from trainer.rewards import VerifierReward, person_reward, verifier_rewards
 from trainer.secrets import SecretScanner
 
 EXCLUDED_STATUS = {"open": "incomplete", "errored": "errored"}
@@ -90,7 +91,7 @@ async def collect(store: Store, scanner: SecretScanner, eval_percent: int,
     until = time.time() if until is None else until
     episodes = [e for e in await store.episodes_since(since) if e.started_at <= until]
     # A check's event comes after its episode ended, so after ``since`` too.
-    verified = verifier_rewards(await store.events(VERIFIER_EVENT, since))
+    verified = verifier_rewards(await store.events(Event.VERIFIER_REWARD, since))
     kept, excluded = [], Counter()
     for episode in episodes:
         reason = exclusion(episode, scanner, verified.get(episode.id))

@@ -1,6 +1,6 @@
 """The exact context: an episode's training rows as the prompts the model was sent.
 
-Each assistant step the agent stored names its prompt (``bot.storage.prefixes``):
+Each assistant step the agent stored names its prompt (``core.storage.prefixes``):
 a prefix (the system prompt with its tool set, the channel history the turn
 was given, a compaction summary), then the episode's ``tail`` steps just before
 it. ``trainer.advantages.episode_row`` builds the episode-only row (one message
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from bot.storage.store import Episode
+from core.storage.store import Episode
 
 
 def prefix_refs(episodes: list[Episode]) -> set[str]:

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from trainer.tokens import ACTION, OBSERVATION, render_row
 
-if TYPE_CHECKING:
-    from trainer.train import Settings
+
+class Rendering(Protocol):
+    """What rendering reads of the training settings (``trainer.settings.Settings`` has it)."""
+
+    max_tokens: int
+    chat_format: str
 
 
 @dataclass
@@ -34,7 +38,7 @@ class Example:
             self.demo = torch.zeros(len(self.ids), dtype=torch.bool)
 
 
-def build_examples(rows: list[dict], tokenizer: Any, settings: Settings) -> list[Example]:
+def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> list[Example]:
     """The train split's rows as sequences with something to learn."""
     examples = []
     for row in rows:

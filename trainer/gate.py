@@ -24,7 +24,7 @@ decision is reproducible) give an interval of the mean at ``confidence``
 - *promote*: the interval's lower end is at least the margin, and no regression.
 
 Only *promote* passes. A rejected or inconclusive night keeps its data for the
-next night (``bot.storage.ledger``'s ``next_night_since``).
+next night (``core.storage.ledger``'s ``next_night_since``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from bot.config import Config
-from bot.serving.chat_format import resolve_async
-from bot.serving.shim import patch_handlers
-from bot.storage.store import Store
+from core.config import Config
+from core.model.chat_format import resolve_async
+from core.model.shim import patch_handlers
+from core.storage.store import Store
 from trainer.client import JsonClient
 from trainer.gate_checks import SandboxScorer
 from trainer.gate_items import (

@@ -4,7 +4,7 @@ A held-out item's check may come from self-play, where the model wrote it: a
 ``python`` reward function is untrusted code, and a ``regex`` is an untrusted
 pattern (a backtracking one can run for hours, and Python's ``re`` cannot be
 interrupted). So ``SandboxScorer`` runs both as practice runs them
-(``bot.practice.checks.judge``): in the sandbox, under the check timeout, each
+(``core.practice.checks.judge``): in the sandbox, under the check timeout, each
 answer in an empty workspace of its own, since the gate's answer is one reply
 with no tool run behind it. A python check that wants files the agent would
 have made scores its floor on both sides, which the paired comparison cancels.
@@ -21,9 +21,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from bot.config import Config
-from bot.practice.checks import judge
-from bot.practice.sets import Check, Task
+from core.config import Config
+from core.practice.checks import judge
+from core.practice.sets import Check, Task
 from sandbox.paths import Workspace
 from sandbox.process import Limits, Sandbox
 from trainer.gate_items import score_check

@@ -18,7 +18,7 @@
 
 **Rendering.** Each request is sent as the agent sends a fresh channel's first
 message: its system prompt and its tool list (``AgentView``), through the
-same wire adaptations as the bot's LLM client (``bot.serving.wire``), with
+same wire adaptations as the bot's LLM client (``core.model.wire``), with
 ``tool_choice`` ``auto``, a retry with ``none`` when the answer came back
 empty, and one with the tool named when it was a bare call head. The bot
 writes the view it uses into the night's inputs when ``!sleep`` creates the
@@ -37,9 +37,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.config import Config
-from bot.serving.wire import call_head, needs_tool_choice, server_messages
-from bot.storage.store import Store
+from core.config import Config
+from core.model.wire import call_head, needs_tool_choice, server_messages
+from core.storage.store import Store
 from trainer.loops import reply_text
 
 logger = logging.getLogger("nightshift.gate")
@@ -165,7 +165,7 @@ def score_check(check: dict, answer: str) -> float | None:
 def ask_like_agent(llm, requests: list[list[dict]], tools: list[dict], chat_format: str,
                    max_tokens: int) -> list[str]:
     """Greedy replies of an in-process ``llama_cpp.Llama``, each requested as the bot's
-    client requests it (bot.serving.client.LLM.chat): ``auto`` first, ``none`` again for a
+    client requests it (serving.client.LLM.chat): ``auto`` first, ``none`` again for a
     reply that came back empty, and the named tool again for a reply that is a bare call
     head (``functions.NAME:``).
 

@@ -24,8 +24,8 @@ also measures how often the judge agrees with them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from bot.config import NightConfig
-from bot.storage.store import Episode
+from core.config import NightConfig
+from core.storage.store import Episode
 from trainer.client import JsonClient
 
 JUDGE_SYSTEM = (
@@ -62,6 +62,7 @@ class SubTask:
     key: str = ""
     check: str = ""  # which check or label gave a verifier/person reward
     group: str = ""  # practice attempts of one task share a group (their mean is the baseline)
+    looped: bool = False  # a check's reward held down because the attempt's reply looped
 
     def as_dict(self) -> dict:
         return asdict(self)

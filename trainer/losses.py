@@ -1,8 +1,7 @@
-"""The night's losses: OAPL, ECHO and SDFT, each a pure torch function.
+"""The night's losses: OAPL, ECHO and imitation, each a pure torch function.
 
 Inputs are per-token log-probabilities already gathered at the target token:
-``logp[b, t] = log pi(ids[b, t] | ids[b, <t])`` (shape ``(B, T)``), except for
-SDFT, which needs whole distributions (``(B, T, V)``).
+``logp[b, t] = log pi(ids[b, t] | ids[b, <t])`` (shape ``(B, T)``).
 
 OAPL (arXiv 2602.19362), per judged assistant message i with advantage A_i::
 
@@ -29,14 +28,9 @@ message was sampled from pi_lag. A reference the model would never write
 so OAPL alone leaves a task no attempt could pass where it was; supervised
 likelihood has no such ceiling.
 
-SDFT (arXiv 2601.19897): the per-token reverse KL from student to teacher,
-``KL(pi_s || pi_t) = sum_v pi_s(v) [log pi_s(v) - log pi_t(v)]``, averaged over
-the masked tokens. The teacher is the same model with privileged context (the
-accepted trajectory) and is detached here. Chunking caveat: a full-vocabulary
-distribution exists only for one chunk of positions at a time, so the caller
-evaluates this per chunk and combines chunks weighted by their masked-token
-counts (the mean over tokens makes that exact); to bound memory the caller
-must also free or checkpoint each chunk's ``(C, V)`` tensors before the next.
+SDFT (self-distillation from privileged context) is on the road map
+(docs/learning.md), not here: it needs whole-vocabulary distributions per chunk,
+and no night stage produces a teacher for it yet.
 """
 
 from __future__ import annotations
@@ -125,23 +119,6 @@ def imitation_loss(
 ) -> torch.Tensor:
     """weight * mean over sequences of the length-normalised CE of their demonstrations."""
     return weight * masked_nll(logp, demo_mask)
-
-
-def sdft_loss(
-    student_logp_full: torch.Tensor,  # (B, T, V) log pi_student over the vocabulary
-    teacher_logp_full: torch.Tensor,  # (B, T, V) log pi_teacher (privileged context)
-    mask: torch.Tensor,  # (B, T) bool: tokens of the trajectory being distilled
-) -> torch.Tensor:
-    """Mean over masked tokens of KL(pi_student || pi_teacher); the teacher is detached."""
-    student = student_logp_full
-    teacher = teacher_logp_full.detach().clamp_min(torch.finfo(teacher_logp_full.dtype).min)
-    p_student = student.exp()  # (B, T, V)
-    kl = (p_student * (student - teacher)).sum(dim=-1)  # (B, T)
-    weight = mask.to(kl.dtype)  # (B, T)
-    total = weight.sum()
-    if float(total) == 0.0:
-        return student.sum() * 0.0
-    return (kl * weight).sum() / total
 
 
 def _mean(values: torch.Tensor) -> float:

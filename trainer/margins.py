@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from trainer.examples import collate, oapl_reads
+from trainer.policy import micro_batches, shared_prefix
+
 
 def changes(examples: list[Any], after: list[torch.Tensor]) -> list[float | None]:
     """Each example's mean per-token change of log-prob at its judged action tokens
@@ -95,9 +98,6 @@ def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: in
             pad_id: int, device: torch.device, shares: bool) -> list[dict]:
     """The night's mixed groups, measured with ``policy`` as trained: each grouped
     example's log-probs at its judged actions against its ``lag`` (which must be set)."""
-    from trainer.examples import collate, oapl_reads
-    from trainer.policy import micro_batches, shared_prefix
-
     grouped = [e for e in examples if getattr(e, "group", "") and e.terms]
     found: dict[int, torch.Tensor] = {}
     for micro in micro_batches(grouped, micro_batch, micro_tokens, shares):

@@ -33,15 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from bot.config import Config
-from bot.storage.store import Store
+from core.config import Config
+from core.storage.store import Store
 from trainer.advantages import centre, episode_row, message_advantages, value_row
 from trainer.client import JsonClient
 from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
 from trainer.context import prefix_refs, with_context
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
 from trainer.rewards import (
-    LOOPED,
     agreement,
     episode_subtask,
     group_relative,
@@ -53,6 +52,7 @@ from trainer.rewards import (
 from trainer.secrets import SecretScanner
 from trainer.understanding import sampled, understanding_score
 from trainer.value import Prediction, ValueMemory, predict, prediction_reward
+from core.storage.events import Event
 
 Progress = Callable[[str, dict], None]
 
@@ -167,7 +167,7 @@ def _by_precedence(collection: Collection, days: dict, judged: list[SubTask], se
     subtasks = [*ruling.values(), *kept]
     for s in subtasks:
         counts[f"source:{s.source}"] += 1
-        if s.check.endswith(LOOPED):
+        if s.looped:
             counts["looped"] += 1  # a check's reward held down: the attempt looped
     counts["subtasks_overridden"] = len(judged) - len(kept)
     return ruling, subtasks, agreed
@@ -254,7 +254,7 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
     for channel, day in days.items():
         mine = [s for s in subtasks if s.channel == channel]
         covered.update(message_advantages(day, mine, task_adv, ruled))
-    strays = {e["payload"]["step_id"] for e in await store.events("stray_end_of_turn")
+    strays = {e["payload"]["step_id"] for e in await store.events(Event.STRAY_END_OF_TURN)
               if e["payload"].get("answer") == "no"}
     rows, table = [], []
     prefixes = await store.prompt_prefixes(prefix_refs(collection.episodes))
@@ -265,7 +265,8 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         rule = ruling.get(episode.id)
         row["group_baseline"] = bool(rule and rule.group in grouped)  # centre() leaves it
         row["group"] = rule.group if row["group_baseline"] else ""  # trainer.margins
-        row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward}
+        row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward,
+                                 "looped": rule.looped}
                                 if rule else {"source": "judge"})
         exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)
         counts[f"context:{fallback or 'exact'}"] += 1  # the exact prompt, or why not

@@ -17,15 +17,14 @@ and no judge sub-task or understanding score applies inside it. The judge
 still reads those episodes, blind, and ``agreement`` reports how often it
 agrees with the people (and the checks): the measure of how far to trust it.
 
-**The verifier contract** (what a practice runner writes)::
+**The verifier contract** (what a practice runner writes; ``core.storage.events``)::
 
-    await store.add_event(channel_id, episode_id, "verifier_reward", {
-        "reward": 0.75,          # a number in [0, 1] (1 = passed), or null: the check failed to run
-        "check": "regex",        # required, non-empty: which check ("exact", "regex", "python:FILE", ...)
-        "task": "arith-17",      # optional: the practice task's id
-        "group": "run-3:arith-17",  # optional: the G attempts of one task in one run share it
-        "error": "timed out",    # optional: why reward is null
-    })
+    result = CheckResult(check="regex", reward=0.75, task="arith-17", group="run-3:arith-17")
+    await store.add_event(channel_id, episode_id, Event.VERIFIER_REWARD, result.payload())
+
+``reward`` is a number in [0, 1] (1 = passed), or None when the check failed to run
+(``error`` says why); ``check`` is required; the G attempts of one task in one run
+share a ``group``.
 
 - The reward in [0, 1] becomes ``2 * reward - 1`` in [-1, 1].
 - The latest event of an episode (highest id) wins.
@@ -45,7 +44,7 @@ agrees with the people (and the checks): the measure of how far to trust it.
 right file, the wrong content" and would rise above peers that wrote nothing.
 An episode with a check's reward whose agent message loops (``trainer.loops``,
 the gate's own measure) gets ``night.aborted_reward`` instead, its check
-marked ``looped``, so no night teaches the repetition the gate rejects
+marked ``looped`` (``SubTask.looped``), so no night teaches the repetition the gate rejects
 (the judge's agreement with checks reads that held-down reward). A
 demonstration is never held down.
 
@@ -62,16 +61,14 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from bot.config import NightConfig
-from bot.storage.store import Episode
+from core.config import NightConfig
+from core.storage.events import REFERENCE
+from core.storage.store import Episode
 from trainer.judge import Message, SubTask, turns_used
 from trainer.loops import loops, reply_text
 
-VERIFIER_EVENT = "verifier_reward"
 PERSON_REWARDS = {"accepted": 1.0, "verified": 1.0, "rejected": -1.0}
 STEP_LIMIT = "step-limit"
-LOOPED = ", looped"  # appended to the check of a reward a loop held down
-REFERENCE = "reference"  # the check of a demonstration (bot.practice.runner writes it)
 _DESCRIPTION_CHARS = 300
 
 
@@ -141,14 +138,15 @@ def episode_subtask(episode: Episode, day: list[Message], verified: VerifierRewa
     if span is None:
         return None
     start, end = span
+    held = False
     if source == "verifier" and check != REFERENCE and reward > settings.aborted_reward \
             and looped(day[start:end + 1]):
-        reward, check = settings.aborted_reward, check + LOOPED
+        reward, held = settings.aborted_reward, True
     request = next((m.content for m in day[start:end + 1] if m.role == "user" and not m.harness), "")
     description = " ".join(request.split())[:_DESCRIPTION_CHARS] or f"episode {episode.id}"
     return SubTask(episode.channel_id, start, end, description, reward, turns_used(day, start, end),
                    source=source, key=f"{episode.channel_id}:episode:{episode.id}", check=check,
-                   group=group)
+                   group=group, looped=held)
 
 
 def looped(messages: list[Message]) -> bool:

@@ -39,10 +39,10 @@ import time
 import traceback
 from pathlib import Path
 
-from bot.config import Config
-from bot.serving.chat_format import resolve_async
-from bot.storage.embedder import MiniLMEmbedder
-from bot.storage.store import Store
+from core.config import Config
+from core.model.chat_format import resolve_async
+from core.storage.embedder import MiniLMEmbedder
+from core.storage.store import Store
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
@@ -170,22 +170,17 @@ class Night:
         if (adapter / "adapter_model.safetensors").is_file() and "trained" in self.progress:
             return self.progress["trained"]
         await self.set("training", train_history=[])  # a resumed training starts over
-        from trainer.train import Settings, read_rows, train
+        from trainer.settings import Settings
+        from trainer.train import train
+        from trainer.train_cli import read_rows
 
-        t = self.config.train
         budget, rate = await self.training_budget()
-        settings = Settings(beta=t.beta, echo_lambda=t.echo_lambda, imitation=t.imitation,
-                            lr=t.lr, schedule=t.schedule, warmup_steps=t.warmup_steps,
-                            batch=t.batch, micro_batch=t.micro_batch,
-                            micro_tokens=t.micro_tokens, epochs=t.epochs,
-                            steps=t.steps or None, min_steps=t.min_steps,
-                            max_epochs=t.max_epochs,
-                            max_tokens=t.max_tokens or self.config.model.context_tokens,
-                            seed=self.config.night.seed, progress=False,
-                            start_adapter=str(start_adapter) if start_adapter else None,
-                            time_budget_s=budget, expected_tokens_per_s=rate,
-                            gradient_checkpointing=checkpointing(t.gradient_checkpointing, base_dir),
-                            chat_format=(await resolve_async(self.config)).name)
+        checkpoint = checkpointing(self.config.train.gradient_checkpointing, base_dir)
+        settings = Settings.of(self.config, progress=False,
+                               start_adapter=str(start_adapter) if start_adapter else None,
+                               time_budget_s=budget, expected_tokens_per_s=rate,
+                               gradient_checkpointing=checkpoint,
+                               chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)
 

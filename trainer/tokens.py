@@ -15,8 +15,8 @@ sequences. Each token has a kind and the index of the row message it came from:
   them, but are neither trained (not actions) nor predicted (not observations).
 
 The server is ``llama_cpp.server --chat_format chatml-function-calling``
-(llama-cpp-python 0.3.36) started through ``bot.serving.shim``, which turns off
-the template's HTML autoescape, fed with ``bot.serving.wire.server_messages``. Its
+(llama-cpp-python 0.3.36) started through ``core.model.shim``, which turns off
+the template's HTML autoescape, fed with ``core.model.wire.server_messages``. Its
 template (``llama_chat_format.chatml_function_calling``) is replicated here
 character for character, checked by the tests against the library itself (with
 the shim's patch applied):
@@ -29,14 +29,14 @@ the shim's patch applied):
   own arguments reads as itself), except the tool list: ``tojson`` sorts keys
   and escapes ``<>&'`` as ``\\u003c``... whatever the autoescape setting;
 - special-token text in any content (``<|im_end|>`` in a file) was broken by
-  a zero-width space before the template saw it (``bot.serving.special_tokens``, via
+  a zero-width space before the template saw it (``core.model.special_tokens``, via
   ``server_messages``), so it is rendered, and trained, as the plain text the
   model read;
 - llama.cpp tokenizes the whole prompt in one go, parsing special tokens and
   adding no BOS for SmolLM2 (``tokenizer.ggml.add_bos_token`` is false); the
   HF tokenizer with ``add_special_tokens=False`` gives the same ids.
 
-Two views, because the bot generates under two renderings (``bot.serving.client``): a
+Two views, because the bot generates under two renderings (``serving.client``): a
 tool call under ``auto`` (the tool list in the prompt), a text answer under the
 ``none`` retry or a request without tools (plain ChatML). Each rendering is
 prefix-preserving, so one sequence per rendering gives every action its exact
@@ -48,7 +48,7 @@ context:
   request came back as words, and the ``none`` retry wrote them). The handler
   makes two: ``message:`` against each ``functions.NAME:``, then, on the
   prompt plus ``message:\n``, ``<|im_end|>`` against each ``functions.NAME:``
-  again (a head there is asked again as that call: ``bot.serving.client``).
+  again (a head there is asked again as that call: ``serving.client``).
   Both are trained. Without the first the night could lower a wrong tool call
   but never raise the choice to answer, and a 135M model under a tool list
   picks a tool for "What is 3 times 9?"; without the second, a night whose
@@ -107,12 +107,12 @@ from typing import Any
 
 from jinja2.utils import htmlsafe_json_dumps
 
-from bot.serving.wire import FUNCTION_CALLING, server_messages, tool_result_parts
+from core.model.wire import FUNCTION_CALLING, server_messages, tool_result_parts
 
 IGNORE, ACTION, OBSERVATION = 0, 1, 2
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 END = "<|im_end|>"
-# bot.agent's note at the end of a tool output it cut: "\n[... N more characters cut: ...]".
+# bot.agent.loop's note at the end of a tool output it cut: "\n[... N more characters cut: ...]".
 CUT_NOTICE = re.compile(r"\n\[\.\.\. \d+ more characters cut[^\]]*\]\Z")
 
 _TOOL_INTRO = "\n\nYou have access to the following functions:\n"
@@ -249,7 +249,7 @@ def render_prompt(messages: list[dict], tools: list[dict] | None,
     """The exact prompt text the server builds for a request with these messages.
 
     ``messages`` are in the store's OpenAI shape (``tool`` roles and all);
-    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``bot.serving.client`` sends them (a
+    ``tool_choice`` is ``"auto"`` or ``"none"`` as ``serving.client`` sends them (a
     request naming a tool, after a bare call head, is the ``auto`` prompt followed by
     the call's head ``functions.NAME:\\n``).
     """

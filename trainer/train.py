@@ -1,6 +1,8 @@
-"""The night's LoRA update: OAPL on judged actions plus ECHO on observations.
+"""The night's LoRA update: OAPL on judged actions, ECHO on observations, imitation of
+demonstrations.
 
-Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
+Algorithm, per optimizer step over a batch of ``batch`` sequences ([train].batch; the
+settings are ``trainer.settings.Settings``, the by-hand command ``trainer.train_cli``):
 
 1. pi_lag = the served checkpoint = this model with the LoRA disabled. Its
    log-prob of every token is computed once, under ``no_grad``, the first time
@@ -16,11 +18,10 @@ Algorithm, per optimizer step over a batch of ``batch`` sequences (64):
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only, at the
    step's rate (``trainer.lr_schedule``: a warmup, then constant or decaying).
 
-Steps: ``steps`` when set; else ``epochs`` passes over the data, but never
-fewer than ``min_steps`` (16): a day's data is often one batch, and 1-3 Adam
-steps a night change nothing. 16 is the prototype's count (2 epochs of 8
-batches of 64) that lifted held-out exact match by +24 pp; ``bench/learning.py``
-is where it gets re-chosen. Each epoch is a fresh seeded shuffle.
+Steps and batches are ``trainer.plan``'s: ``steps`` when set, else ``epochs`` passes
+but never fewer than ``min_steps`` (16, the prototype's count that lifted held-out exact
+match by +24 pp), a small night's batches shrinking rather than repeating it past
+``max_epochs``; the remainder batch weighs its size over the batch size.
 
 **Budget.** With ``time_budget_s`` (the night's ``night.budget_s`` less its other
 stages) a night that would run past it trains fewer steps, and says so
@@ -30,15 +31,6 @@ after each by this night's mean step time (``trainer.budget``).
 **Groups.** After the loop, every practice group with mixed rewards is measured:
 the spread of its advantages and the change in mean per-token log-prob of its passing
 attempts against its failing ones, trained against pi_lag (``trainer.margins``).
-
-A small night is not repeated past ``max_epochs`` (2) passes to reach
-``min_steps``: its batches shrink (``plan``), and only at one sequence a batch
-are there fewer steps. Repeated, 51 sequences trained 16 x 32 in 21 minutes.
-
-The remainder batch: an epoch of n sequences ends with a batch of n % batch.
-Its loss is weighted by its size (n % batch) / batch, so its few sequences
-weigh what they would inside a full batch, not as much as 64 others. A night
-smaller than one batch has no remainder (its one batch is full-sized for it).
 
 Memory: the LoRA (r=16, alpha=32, no dropout) sits on q, k, v, o, gate, up and
 down; gradient checkpointing is on; sequences are right-padded with no
@@ -67,23 +59,19 @@ Simplifications:
   longer than ``max_tokens`` are cut, and an action cut in two is dropped.
 - pi_lag is the float HF base; the served model is its q8_0 GGUF, so the
   log-ratio at step 0 is 0 by construction, not the served model's exact value.
-- The learning rate is constant; stats in the progress events come from the
-  main process's share of the batch.
+- Stats in the progress events come from the main process's share of the batch.
 - DeepSpeed ZeRO-3 is not supported (the chunked head reads lm_head's weight
-  directly); SDFT is a loss only, not wired into this loop.
+  directly).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import random
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,66 +88,12 @@ from trainer.examples import (  # noqa: F401 - re-exported
 from trainer.budget import affordable_steps, estimated_steps, note
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 from trainer.margins import measure
-from trainer.lr_schedule import SCHEDULES, check, lr_factor
+from trainer.lr_schedule import check, lr_factor
+from trainer.plan import batches, plan
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
-from trainer.tokens import FUNCTION_CALLING
+from trainer.settings import Settings, TrainResult
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class Settings:
-    beta: float = 0.1  # OAPL's KL strength; 1e-3 collapsed a prototype
-    echo_lambda: float = 0.05  # weight of the observation cross-entropy
-    imitation: float = 1.0  # weight of the demonstrations' cross-entropy
-    lr: float = 2e-4  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    batch: int = 64  # sequences per optimizer step (gradient accumulation)
-    micro_batch: int = 16  # the most sequences per forward/backward
-    # The most tokens a forward/backward computes: a shared prompt prefix counts once, each
-    # row's own tokens (padded to the longest) once per row. A longer sequence goes alone.
-    micro_tokens: int = 4096
-    epochs: int = 1
-    steps: int | None = None  # optimizer steps; overrides epochs and min_steps when set
-    min_steps: int = 16  # the fewest optimizer steps when steps is unset (epochs repeat)
-    max_epochs: int = 2  # passes min_steps may repeat the data to; past it, smaller batches
-    max_tokens: int = 8192  # longer sequences are cut; the night passes the served context
-    # The format the server used (bot.serving.chat_format): rows render as it rendered them.
-    chat_format: str = FUNCTION_CALLING
-    seed: int = 0
-    chunk: int = 512  # positions per lm_head + log-softmax chunk
-    lora_r: int = 16
-    lora_alpha: int = 32
-    grad_clip: float = 1.0
-    gradient_checkpointing: bool = True
-    offload_activations: bool = False  # keep checkpointed activations in host memory (GPU)
-    progress: bool = True  # the tqdm bar
-    # A PEFT adapter to continue instead of a fresh LoRA (adapter mode: the live night's).
-    # pi_lag is then the model with it, computed for every sequence before the first update.
-    # Its own rank and alpha hold (lora_r and lora_alpha are for a fresh LoRA).
-    start_adapter: str | None = None
-    # The seconds train() may take, loading included (the night's budget less its other
-    # stages), and a tokens/s measured before on this machine: steps are cut to fit
-    # (trainer.budget). None: no limit.
-    time_budget_s: float | None = None
-    expected_tokens_per_s: float | None = None
-
-
-@dataclass
-class TrainResult:
-    out_dir: Path
-    steps: int
-    sequences: int  # training sequences (a row gives one per view)
-    tokens: int  # tokens seen, summed over steps
-    seconds: float
-    history: list[dict] = field(default_factory=list)  # the on_step events
-    model: Any = field(default=None, repr=False)  # the PeftModel, still in memory
-    batch: int = 0  # sequences per step (``plan``: smaller than asked for a small night)
-    planned_steps: int = 0  # before the time budget cut any
-    budget_note: str = ""  # why fewer steps than planned ran, or ""
-    tokens_per_s: float = 0.0  # tokens over the steps' own seconds (loading left out)
-    groups: list[dict] = field(default_factory=list)  # trainer.margins, per mixed group
 
 
 # -- model --------------------------------------------------------------------------
@@ -189,50 +123,6 @@ def load_model(base_dir: str | Path, settings: Settings) -> Any:
 
 
 # -- loop ---------------------------------------------------------------------------
-
-
-def _batches(n: int, settings: Settings, processes: int = 1) -> Iterator[tuple[list[int], float]]:
-    """(indices, loss weight): seeded shuffles of the examples, cut into batches, epoch
-    after epoch. The remainder batch weighs its size over the batch size; one too small
-    to give every process a sequence joins the batch before it (weight 1)."""
-    rng = random.Random(settings.seed)
-    while True:
-        order = list(range(n))
-        rng.shuffle(order)
-        starts = list(range(0, n, settings.batch))
-        if len(starts) > 1 and n - starts[-1] < processes:
-            starts.pop()
-        for start, stop in zip(starts, [*starts[1:], n]):
-            size = stop - start
-            weight = size / settings.batch if len(starts) > 1 and size < settings.batch else 1.0
-            yield order[start:stop], weight
-
-
-def _batches_per_epoch(n: int, batch: int, processes: int) -> int:
-    full, rest = divmod(n, batch)
-    return full + (1 if rest and (rest >= processes or not full) else 0)
-
-
-def planned_steps(n: int, settings: Settings, processes: int = 1) -> int:
-    """Optimizer steps for n sequences: ``steps``, else max(epochs' batches, min_steps)."""
-    if settings.steps:
-        return settings.steps
-    return max(settings.epochs * _batches_per_epoch(n, settings.batch, processes),
-               settings.min_steps)
-
-
-def plan(n: int, settings: Settings, processes: int = 1) -> tuple[int, int]:
-    """(steps, batch) for n sequences: ``planned_steps`` at ``batch``, unless reaching
-    min_steps would take more than ``max_epochs`` passes (``epochs`` asks for); then a
-    smaller batch that gives min_steps steps within them, and with batches of one
-    sequence, as many steps as the passes allow."""
-    steps = planned_steps(n, settings, processes)
-    passes = max(settings.epochs, settings.max_epochs)
-    if settings.steps or steps * settings.batch <= passes * n \
-            or settings.epochs * _batches_per_epoch(n, settings.batch, processes) >= steps:
-        return steps, settings.batch
-    batch = min(settings.batch, max(processes, passes * n // settings.min_steps))
-    return min(settings.min_steps, passes * _batches_per_epoch(n, batch, processes)), batch
 
 
 def _micro_batches(chosen: list[Example], settings: Settings,
@@ -374,10 +264,10 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
                             _left(settings, started))
     show = settings.progress and accelerator.is_local_main_process
     bar = tqdm(total=steps, desc="train", disable=not show)
-    batches = _batches(len(examples), settings, accelerator.num_processes)
+    order = batches(len(examples), settings, accelerator.num_processes)
     step = 0
     while step < steps:
-        chosen, weight = next(batches)
+        chosen, weight = next(order)
         step += 1
         _set_rate(optimizer, settings.lr * lr_factor(step - 1, steps, settings.schedule,
                                                      settings.warmup_steps))
@@ -420,41 +310,7 @@ def _left(settings: Settings, started: float) -> float | None:
     return settings.time_budget_s - (time.perf_counter() - started)
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+if __name__ == "__main__":  # python -m trainer.train: the by-hand command
+    from trainer.train_cli import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    defaults = Settings()
-    parser = argparse.ArgumentParser(prog="python -m trainer.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True, help="the night's training set (JSONL)")
-    parser.add_argument("--base", required=True, help="the HF checkpoint to start from")
-    parser.add_argument("--out", required=True, help="where the PEFT adapter is written")
-    for name in ("steps", "epochs", "min_steps", "max_epochs", "batch", "micro_batch", "micro_tokens",
-                 "max_tokens", "seed", "warmup_steps",
-                 "chunk"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
-    for name in ("beta", "echo_lambda", "imitation", "lr"):
-        parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
-    parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
-                        help="the learning rate over the steps (trainer.lr_schedule)")
-    parser.add_argument("--chat-format", default=defaults.chat_format,
-                        help="the chat format the server used (python -m bot doctor says which)")
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
-    args = parser.parse_args(argv)
-    settings = Settings(**{k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__},
-                        progress=not args.no_progress)
-    try:
-        result = train(read_rows(args.data), args.base, args.out, settings)
-    except (FileNotFoundError, ValueError) as exc:  # a missing file or an empty set: say which
-        parser.exit(2, f"python -m trainer.train: {exc}\n")
-    summary = {"out_dir": str(result.out_dir), "steps": result.steps, "batch": result.batch,
-               "sequences": result.sequences,
-               "tokens": result.tokens, "seconds": round(result.seconds, 1), "last": result.history[-1]}
-    print(json.dumps(summary))
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from bot.storage.store import Episode
+from core.storage.store import Episode
 from trainer.client import JsonClient
 from trainer.judge import Message, render
 

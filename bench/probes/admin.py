@@ -26,7 +26,7 @@ from discord.webhook import async_ as webhook_async
 from bench.probes import Tally
 from bot.app import console_commands
 from bot.commands import COMMANDS, Caller, run_command
-from bot.config.routines import Swarm
+from core.config.routines import Swarm
 from bot.console import ConsoleRenderer, run_console
 from bot.discord_front.app import NightshiftBot
 from tests.discord_helpers import (

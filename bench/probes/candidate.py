@@ -28,7 +28,7 @@ from bench.probes import Tally
 from bench.probes.wedged import base_config, free_port, timed_turn
 from bot.commands import Caller, run_command
 from bot.runtime import Runtime
-from bot.serving.supervisor import ServerSupervisor
+from serving.supervisor import ServerSupervisor
 from tests.conftest import DEFAULT_GGUF
 from tests.judge_server import JudgeServer
 from tests.test_swap import serving

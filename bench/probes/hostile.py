@@ -25,9 +25,9 @@ from pathlib import Path
 
 from bench.probes import Tally, hostile_turns
 from bench.probes.world import call, runtime
-from bot.config import Config, ConfigError, load_config
+from core.config import Config, ConfigError, load_config
 from bot.discord_front.render import save_attachments
-from bot.serving.supervisor import ServerStartError, ServerSupervisor
+from serving.supervisor import ServerStartError, ServerSupervisor
 from sandbox.paths import workspace_for
 from tests.hostile_files import CATASTROPHIC_PATTERN, catastrophic_line
 from tests.scripted import call as call_reply, say

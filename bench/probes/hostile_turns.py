@@ -23,11 +23,11 @@ import discord.ext.test as dpytest
 
 from bench.probes import Tally
 from bench.probes.world import call, processes_with, runtime
-from bot.agent import CUT_NOTE
+from bot.agent.loop import CUT_NOTE
 from bot.channels import RuleStrayDetector
 from bot.discord_front.render import LIMIT, split_reply
-from bot.serving.client import Reply
-from bot.serving.wire import FUNCTION_CALLING, server_messages
+from serving.client import Reply
+from core.model.wire import FUNCTION_CALLING, server_messages
 from tests.conftest import DEFAULT_GGUF
 from tests.scripted import call as call_reply, say
 

@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 from bench.probes import Tally
-from bot.storage.store import Step, Store
+from core.storage.store import Step, Store
 from tests.store_writer import crash_once
 
 

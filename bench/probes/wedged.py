@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from bench.probes import Tally
-from bot.config import Config
+from core.config import Config
 from bot.runtime import Runtime
-from bot.serving.supervisor import ServerSupervisor
+from serving.supervisor import ServerSupervisor
 from tests.conftest import DEFAULT_GGUF
 from tests.test_server import fake_openai_server
 

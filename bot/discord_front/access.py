@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bot.commands import Caller, is_admin
-from bot.config import Config
+from core.config import Config
 
 
 @dataclass(frozen=True)

@@ -56,10 +56,10 @@ from bot.discord_front.render import (
 )
 
 if TYPE_CHECKING:
-    from bot.agent import TurnResult
+    from bot.agent.loop import TurnResult
     from bot.night.report import NightReport
     from bot.runtime import Runtime
-    from bot.storage.store import Store
+    from core.storage.store import Store
 
 __all__ = ["NightshiftBot", "ReplyIndex", "run_discord", "split_reply"]
 

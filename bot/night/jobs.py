@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from bot.config import Config
+    from core.config import Config
 
 # The states of a night that is queued or under way (the trainer writes them).
 ACTIVE = ("queued", "running", "judging", "training", "exporting", "gating")

@@ -42,13 +42,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from bot.night.plots import SOURCES, plot_series, render
+from core.storage.events import Event
 
 if TYPE_CHECKING:
-    from bot.config import Config
-    from bot.storage.store import Store
+    from core.config import Config
+    from core.storage.store import Store
 
 logger = logging.getLogger("nightshift.report")
-REPORT_EVENT = "night_report"
+REPORT_EVENT = Event.NIGHT_REPORT
 REPORT_EVENT_CHANNEL = "reports"
 FINISHED = ("done", "live", "awaiting_promotion")
 

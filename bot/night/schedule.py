@@ -31,11 +31,11 @@ from contextlib import contextmanager
 from datetime import datetime, time, timedelta, tzinfo
 from typing import TYPE_CHECKING
 
-from bot.config.routines import Weekly, parse_weekly, parse_window
+from core.config.routines import Weekly, parse_weekly, parse_window
 from bot.periodic import every
 
 if TYPE_CHECKING:
-    from bot.config import Config
+    from core.config import Config
 
 logger = logging.getLogger("nightshift.schedule")
 Clock = Callable[[], datetime]  # an aware datetime

@@ -27,10 +27,10 @@ from bot.night.jobs import ACTIVE, is_trainer, reap, start_trainer, stop_trainer
 from bot.periodic import every
 
 if TYPE_CHECKING:
-    from bot.config import Config
-    from bot.night.releases import Releases
-    from bot.serving.supervisor import ServerSupervisor
-    from bot.storage.store import Store
+    from core.config import Config
+    from serving.releases import Releases
+    from serving.supervisor import ServerSupervisor
+    from core.storage.store import Store
 
 logger = logging.getLogger("nightshift.night")
 Listener = Callable[[dict], Awaitable[None]]

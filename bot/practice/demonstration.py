@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.agent import Agent
-from bot.messages import EpisodeContext
-from bot.serving.chat_format import chat_format_name
-from bot.serving.wire import needs_tool_choice
-from bot.storage.store import Step
+from bot.agent.loop import Agent
+from bot.agent.messages import EpisodeContext
+from core.model.chat_format import chat_format_name
+from core.model.wire import needs_tool_choice
+from core.storage.store import Step
 
 
 @dataclass

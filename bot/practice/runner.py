@@ -4,7 +4,7 @@ Each practised task (the held-out ones never are) is attempted G times, each
 attempt in a fresh channel ``practice-<set>-<task>-<run>-<k>`` (so no attempt
 sees another's history or workspace), through the real agent and tools, at
 ``practice.temperature``: the G samples must differ for their comparison to
-teach anything. The agent is the runtime's own agent class on the same
+teach anything. The agent is the day's own agent class (``PracticeServices.agent``) on the same
 server, store, tools and channel spaces; only its temperature differs.
 
 Each attempt's verdict is stored as a channel event on its episode, which is
@@ -30,9 +30,9 @@ check judges what they did. A group that only failed would otherwise teach nothi
 
 The run is a job row (kind ``practice``) whose progress holds tasks done /
 total and the mean reward so far; each task's end is also sent to the
-runtime's practice listeners (the console prints them). Its args hold the
+practice listeners (the console prints them). Its args hold the
 set's resolved path and held-out ids: the gate finds the sets practised there
-and reads their held-out items with ``bot.practice.sets.held_out_items``.
+and reads their held-out items with ``core.practice.sets.held_out_items``.
 
 The command waits for the whole run (on Discord, within the 15 minutes a
 deferred answer may take; the job row keeps the progress past that).
@@ -46,16 +46,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bot.agent import Agent, TurnResult
+from bot.agent.loop import Agent, TurnResult
 from bot.channels import ChannelWorkers
-from bot.practice.checks import Verdict, judge
+from core.practice.checks import Verdict, judge
 from bot.practice.demonstration import demonstrate, run_calls
-from bot.practice.sets import PracticeSet, Task, load_set
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
+from bot.practice.services import PracticeServices
+from core.practice.sets import PracticeSet, Task, load_set
+from core.storage.events import REFERENCE, CheckResult, Event
 
 logger = logging.getLogger("nightshift.practice")
 MAX_SAMPLES = 64
@@ -92,17 +90,6 @@ class _Tally:
                 "mean_reward": self.mean}
 
 
-def practice_agent(rt: Runtime, max_steps: int | None = None) -> Agent:
-    """The runtime's agent, on the same components, at the practice temperature, and at
-    ``max_steps`` (else the agent's own limit) model calls a turn."""
-    agent = rt.config.agent.model_copy(update={
-        "temperature": rt.config.practice.temperature,
-        "max_steps": max_steps or rt.config.agent.max_steps})
-    config = rt.config.model_copy(update={"agent": agent})
-    return Agent(config, rt.llm, rt.store, rt.registry, rt.spaces.context,
-                 rt.spaces.sys_section, stray=rt.agent.stray)
-
-
 def publish_held_out(folder: Path, name: str, held: list[Task]) -> Path:
     """Write a set's held-out tasks where the night's gate reads them
     (``<data_dir>/heldout/<set>.jsonl``, one ``{"id", "prompt", "check"}`` per line).
@@ -126,48 +113,52 @@ def _gate_check(task: Task) -> dict:
     return {"exact": task.check.value}
 
 
-async def run_practice(rt: Runtime, path: str | Path, samples: int | None = None) -> str:
+async def run_practice(services: PracticeServices, path: str | Path,
+                       samples: int | None = None) -> str:
     """Practise the set at ``path``; returns the summary to show. Raises ValueError
     (a PracticeSetError naming the line) for a bad file or a bad sample count."""
-    samples = rt.config.practice.samples if samples is None else samples
+    samples = services.config.practice.samples if samples is None else samples
     if not 1 <= samples <= MAX_SAMPLES:
         raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, not {samples}")
     pset = await asyncio.to_thread(load_set, Path(path).expanduser())
-    practised, held = pset.split(rt.config.practice.held_out_percent)
+    practised, held = pset.split(services.config.practice.held_out_percent)
     if not practised:
         raise ValueError(f"every task of {pset.path} is held out; add tasks to practise")
-    await asyncio.to_thread(publish_held_out, rt.config.data_dir / "heldout", pset.name, held)
-    run = await rt.store.create_job("practice", {
+    await asyncio.to_thread(publish_held_out, services.config.data_dir / "heldout", pset.name,
+                            held)
+    run = await services.store.create_job("practice", {
         "path": str(pset.path.resolve()), "set": pset.name, "samples": samples,
         "practised": len(practised), "held_out": [t.id for t in held]})
     tally = _Tally(len(practised))
-    await rt.store.update_job(run, state="running", progress=tally.progress())
-    agent = practice_agent(rt, rt.config.practice.max_steps)
+    await services.store.update_job(run, state="running", progress=tally.progress())
+    agent = services.agent(services.config.practice.max_steps)
     workers = ChannelWorkers(agent.turn, queue_size=samples)
     state = "failed"
-    rt.rounds.add(f"practice #{run}")  # a due night waits for the run to end
+    services.rounds.add(f"practice #{run}")  # a due night waits for the run to end
     try:
         for task in practised:
             verdicts = await asyncio.gather(*(
-                _attempt(rt, workers, pset, task, run, k) for k in range(samples)))
+                _attempt(services, workers, pset, task, run, k) for k in range(samples)))
             judged = [v for v in verdicts if v.judged]  # none judged: nothing was tried
-            if rt.config.practice.demonstrate and judged and all(v.reward < 1 for v in judged):
-                tally.demonstrated += await _demonstrate(rt, agent, pset, task, run)
+            failed = judged and all(v.reward < 1 for v in judged)
+            if services.config.practice.demonstrate and failed:
+                tally.demonstrated += await _demonstrate(services, agent, pset, task, run)
             for verdict in verdicts:
                 _count(tally, verdict)
             tally.done += 1
-            await rt.store.update_job(run, progress=tally.progress())
-            await _tell(rt, tally.line(run))
+            await services.store.update_job(run, progress=tally.progress())
+            await _tell(services, tally.line(run))
         state = "done"
     except asyncio.CancelledError:
         state = "cancelled"
         raise
     finally:
-        rt.rounds.discard(f"practice #{run}")
+        services.rounds.discard(f"practice #{run}")
         await workers.close()
-        await rt.store.update_job(run, state=state)
+        await services.store.update_job(run, state=state)
     summary = _summary(run, pset, tally, samples, len(held))
-    short = gate_shortfall(rt.config.data_dir / "heldout", rt.config.night.gate_min_items)
+    short = gate_shortfall(services.config.data_dir / "heldout",
+                           services.config.night.gate_min_items)
     return summary + (f"\n{short}" if short else "")
 
 
@@ -183,8 +174,8 @@ def gate_shortfall(folder: Path, needed: int) -> str:
             "practice.held_out_percent). Until then the night's gate is inconclusive.")
 
 
-async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task: Task,
-                   run: int, k: int) -> Verdict:
+async def _attempt(services: PracticeServices, workers: ChannelWorkers, pset: PracticeSet,
+                   task: Task, run: int, k: int) -> Verdict:
     """One attempt at ``task``: a turn in a fresh channel, its check, its event."""
     channel = f"practice-{pset.name}-{task.id}-{run}-{k}"
     group = f"{pset.name}:{task.id}:{run}"
@@ -197,19 +188,15 @@ async def _attempt(rt: Runtime, workers: ChannelWorkers, pset: PracticeSet, task
         verdict, episode = Verdict(None, f"the turn failed: {exc}"), None
     else:
         episode = result.episode_id
-        verdict = await attempt_verdict(rt, channel, task, result)
-    # The trainer's contract (trainer/rewards.py): one event kind; reward None = unjudged.
-    data = {"task": task.id, "task_id": task.id, "set": pset.name, "group": group,
-            "check": task.check.kind}
-    if verdict.judged:
-        data.update(reward=verdict.reward)
-    else:
-        data.update(reward=None, error=verdict.why, why=verdict.why)
-    await rt.store.add_event(channel, episode, "verifier_reward", data)
+        verdict = await attempt_verdict(services, channel, task, result)
+    # The night's contract (core.storage.events): reward None = unjudged.
+    checked = CheckResult(task.check.kind, verdict.reward if verdict.judged else None, task.id,
+                          group, "" if verdict.judged else verdict.why, {"set": pset.name})
+    await services.store.add_event(channel, episode, Event.VERIFIER_REWARD, checked.payload())
     return verdict
 
 
-async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
+async def _demonstrate(services: PracticeServices, agent: Agent, pset: PracticeSet, task: Task,
                        run: int) -> bool:
     """No attempt passed: add the task's reference to its group, as a turn of the agent's
     own with the check's reward, if the check passes it. A reference with tool calls
@@ -218,35 +205,36 @@ async def _demonstrate(rt: Runtime, agent: Agent, pset: PracticeSet, task: Task,
     if not task.reference:
         return False
     channel = f"practice-{pset.name}-{task.id}-{run}-reference"
-    ctx = rt.spaces.context(channel)
+    ctx = services.context(channel)
     shown = await run_calls(agent, ctx, task.calls) if task.calls else []
     if isinstance(shown, str):
         logger.warning("the reference of %s cannot be shown: %s", task.id, shown)
         return False
     verdict = await judge(task, task.reference, ctx.workspace, ctx.services["sandbox"],
-                          rt.config.practice.check_timeout_s)
+                          services.config.practice.check_timeout_s)
     if verdict.reward != 1.0:
         logger.warning("the reference of %s fails its own check: %s", task.id, verdict.why)
         return False
     episode = await demonstrate(agent, channel, task.prompt, task.reference, "practice", shown)
-    await rt.store.add_event(channel, episode, "verifier_reward", {
-        "task": task.id, "task_id": task.id, "set": pset.name, "group": f"{pset.name}:{task.id}:{run}",
-        "check": "reference", "reward": 1.0, "demonstration": True})
+    shown_result = CheckResult(REFERENCE, 1.0, task.id, f"{pset.name}:{task.id}:{run}",
+                               extra={"set": pset.name, "demonstration": True})
+    await services.store.add_event(channel, episode, Event.VERIFIER_REWARD, shown_result.payload())
     return True
 
 
-async def attempt_verdict(rt: Runtime, channel: str, task: Task, result: TurnResult) -> Verdict:
+async def attempt_verdict(services: PracticeServices, channel: str, task: Task,
+                          result: TurnResult) -> Verdict:
     """An attempt's verdict: its check on a final answer; 0 for a turn stopped by a limit;
     unjudged for a harness or server error (self-play's solvers use it too)."""
     if not result.ok:
-        episodes = await rt.store.episodes_since(0, channel)
+        episodes = await services.store.episodes_since(0, channel)
         status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
         if status != "aborted":  # a server or harness error says nothing about the model
             return Verdict(None, f"the turn ended {status}: {result.reply[:200]}")
         return Verdict(0.0, STOPPED)  # no final answer: a failure, not an unknown
-    ctx = rt.spaces.context(channel)
+    ctx = services.context(channel)
     return await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
-                       rt.config.practice.check_timeout_s)
+                       services.config.practice.check_timeout_s)
 
 
 def _count(tally: _Tally, verdict: Verdict) -> None:
@@ -257,9 +245,9 @@ def _count(tally: _Tally, verdict: Verdict) -> None:
         tally.unjudged[verdict.why] = tally.unjudged.get(verdict.why, 0) + 1
 
 
-async def _tell(rt: Runtime, line: str) -> None:
+async def _tell(services: PracticeServices, line: str) -> None:
     logger.info("%s", line)
-    for listener in list(rt.practice_listeners):
+    for listener in list(services.listeners):
         try:
             await listener(line)
         except Exception:  # a broken listener must not stop the practice

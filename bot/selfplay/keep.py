@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from bot.practice.runner import publish_held_out
-from bot.practice.sets import load_set
+from core.practice.sets import load_set
 from bot.selfplay.proposal import Proposal
 
 SET_NAME = "selfplay"

@@ -37,7 +37,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from bot.practice.sets import Check, Task
+from core.practice.sets import Check, Task
 
 FLOOR = 0.2  # a valid proposal's least reward; an invalid one gets 0
 MAX_REPLY_CHARS = 20_000  # the part of a reply that is read

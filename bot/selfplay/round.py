@@ -37,23 +37,21 @@ import asyncio
 import logging
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from bot.agent import TurnResult
+from bot.agent.loop import TurnResult
 from bot.channels import ChannelWorkers
-from bot.practice.checks import Verdict, judge
+from core.practice.checks import Verdict, judge
 from bot.practice.runner import attempt_verdict
-from bot.practice.sets import is_held_out
+from bot.practice.services import PracticeServices
+from core.practice.sets import is_held_out
 from bot.selfplay.keep import in_set, is_middling, keep_task
 from bot.selfplay.proposal import FORMAT, Proposal, ProposalError, parse_proposal, \
     proposer_reward
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
+from core.storage.events import CheckResult, Event
 
 logger = logging.getLogger("nightshift.selfplay")
 DUMMY_ANSWER = "I don't know."
-CANNOT_RUN = "the check cannot run"  # bot.practice.checks' verdict without a sandbox
+CANNOT_RUN = "the check cannot run"  # core.practice.checks' verdict without a sandbox
 PROPOSER_CHECK = "selfplay-proposer"
 PROPOSER_SECTION = (
     "Self-play: you are the proposer. Invent one task that you expect to solve about half of "
@@ -106,7 +104,7 @@ class Outcome:
 class Round:
     """One round of run ``run``; ``play`` does it all and returns its Outcome."""
 
-    def __init__(self, rt: Runtime, workers: ChannelWorkers, run: int, number: int,
+    def __init__(self, rt: PracticeServices, workers: ChannelWorkers, run: int, number: int,
                  solvers: int) -> None:
         self.rt, self.workers = rt, workers
         self.settings = rt.config.selfplay
@@ -192,7 +190,7 @@ class Round:
             proposal = await asyncio.to_thread(parse_proposal, result.reply)
         except ProposalError as exc:
             return str(exc)
-        ctx = self.rt.spaces.context(f"selfplay-{self.run}-r{self.number}-check"
+        ctx = self.rt.context(f"selfplay-{self.run}-r{self.number}-check"
                                      f"{self.outcome.tries}")
         task, sandbox = proposal.task(), ctx.services["sandbox"]
         timeout = self.rt.config.practice.check_timeout_s
@@ -242,17 +240,15 @@ class Round:
     async def _solver_reward(self, proposal: Proposal, k: int, verdict: Verdict,
                              episode: int | None) -> None:
         channel = f"selfplay-{self.run}-r{self.number}-s{k}"
-        data = {"task": proposal.id, "task_id": proposal.id, "set": "selfplay",
-                "group": f"selfplay:{proposal.id}:{self.run}-{self.number}",
-                "check": f"selfplay-{proposal.check.kind}", "role": "solver",
-                "round": self.number, "run": self.run}
         if self.outcome.held_out:  # the gate's item: never trained on
             verdict = Verdict(None, "held out for the gate: never trained on")
-        if verdict.judged:
-            data.update(reward=verdict.reward)
-        else:
-            data.update(reward=None, error=verdict.why, why=verdict.why)
-        await self.rt.store.add_event(channel, episode, "verifier_reward", data)
+        result = CheckResult(f"selfplay-{proposal.check.kind}",
+                             verdict.reward if verdict.judged else None, proposal.id,
+                             f"selfplay:{proposal.id}:{self.run}-{self.number}",
+                             "" if verdict.judged else verdict.why,
+                             {"set": "selfplay", "role": "solver", "round": self.number,
+                              "run": self.run})
+        await self.rt.store.add_event(channel, episode, Event.VERIFIER_REWARD, result.payload())
 
     # -- records ------------------------------------------------------------------
 
@@ -279,17 +275,16 @@ class Round:
 
     async def _proposer_reward(self, episode: int, task: str, reward: float | None, error: str,
                                invalid: str = "") -> None:
-        data = {"check": PROPOSER_CHECK, "task": task, "role": "proposer",
-                "round": self.number, "run": self.run, "reward": reward, "valid": not invalid}
+        extra = {"role": "proposer", "round": self.number, "run": self.run, "valid": not invalid}
         if invalid:
-            data["invalid"] = invalid
-        if reward is None:
-            data.update(error=error, why=error)
-        await self.rt.store.add_event(self.proposer, episode, "verifier_reward", data)
+            extra["invalid"] = invalid
+        result = CheckResult(PROPOSER_CHECK, reward, task, error=error, extra=extra)
+        await self.rt.store.add_event(self.proposer, episode, Event.VERIFIER_REWARD,
+                                      result.payload())
 
     async def _label(self, channel: str, episode: int, role: str, step: str, attempt: int,
                      task: str = "") -> None:
-        await self.rt.store.add_event(channel, episode, "selfplay", {
+        await self.rt.store.add_event(channel, episode, Event.SELFPLAY, {
             "role": role, "round": self.number, "run": self.run, "task": task, "step": step,
             "try": attempt})
 

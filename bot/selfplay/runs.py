@@ -1,6 +1,7 @@
 """``/selfplay start [ROUNDS] [--solvers N]``, ``/selfplay stop``, and the daily schedule.
 
-``SelfPlay`` is owned by the runtime. A run is a background task, so that
+``SelfPlay`` is owned by the runtime and given practice's services
+(``bot.practice.services``). A run is a background task, so that
 ``/selfplay stop`` can end it; it answers at once and then says each round's
 outcome, and its summary, in the channel it was started from (through the
 runtime's announcers: Discord or the console). One run at a time.
@@ -28,26 +29,22 @@ import logging
 import statistics
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from bot.channels import ChannelWorkers
-from bot.config.routines import parse_clock
+from core.config.routines import parse_clock
 from bot.night.jobs import ACTIVE
 from bot.periodic import every
-from bot.practice.runner import practice_agent
+from bot.practice.services import PracticeServices
 from bot.selfplay.keep import set_path
 from bot.selfplay.round import PROPOSER_SECTION, Outcome, Round, proposer_channel
-
-if TYPE_CHECKING:
-    from bot.runtime import Runtime
 
 logger = logging.getLogger("nightshift.selfplay")
 MAX_ROUNDS, MAX_SOLVERS = 100, 16
 
 
 class SelfPlay:
-    def __init__(self, rt: Runtime, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, rt: PracticeServices, clock: Callable[[], datetime] | None = None) -> None:
         self.rt = rt
         self.clock = clock or (lambda: datetime.now(timezone.utc))
         self.zone = ZoneInfo(rt.config.sleep.time_zone)
@@ -108,7 +105,7 @@ class SelfPlay:
 
     async def _run(self, run: int, rounds: int, solvers: int, channel: str) -> None:
         rt = self.rt
-        agent = practice_agent(rt)
+        agent = rt.agent()
         proposer = proposer_channel(run)
         agent.prompt_hooks.append(lambda ch: PROPOSER_SECTION if ch == proposer else "")
         workers = ChannelWorkers(agent.turn, queue_size=max(solvers, 4))

@@ -1,0 +1,160 @@
+"""The sections of config.toml that the night reads: ``[night]``, ``[train]`` and
+``[practice]`` (the day-side sections are in ``core.config.sections``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from core.config.sections import _empty_is_none, _Section
+
+
+class NightConfig(_Section):
+    eval_percent: int = Field(
+        10, ge=0, le=50, description="the share of episodes held out for evaluation (0..50)"
+    )
+    window_messages: int = Field(10, ge=2, le=50, description="messages per judged window (2..50)")
+    max_extends: int = Field(
+        2, ge=0, le=10, description="how often the judge may extend a window (0..10)"
+    )
+    extend_limit: int = Field(
+        10, ge=1, le=50, description="most messages one extend may add on each side (1..50)"
+    )
+    judge_attempts: int = Field(
+        3, ge=1, le=10, description="tries for a parseable judge reply before skipping (1..10)"
+    )
+    judge_max_tokens: int = Field(512, ge=64, description="a token count >= 64")
+    value_neighbours: int = Field(
+        8, ge=1, le=50, description="past sub-tasks shown to the value model (1..50)"
+    )
+    half_life_days: float = Field(
+        14, gt=0, description="days after which a memory counts half (> 0)"
+    )
+    length_scale: float = Field(
+        10, gt=0, description="turns that make a length advantage of 1 (> 0)"
+    )
+    length_weight: float = Field(
+        0.5, ge=0, description="weight of the length advantage beside the reward's (>= 0)"
+    )
+    understanding_fraction: float = Field(
+        0.3, ge=0, le=1, description="share of episodes given the understanding pass (0..1)"
+    )
+    judge_checked_fraction: float = Field(
+        0.1, ge=0, le=1, description="share of channels whose episodes all have a check's reward "
+                                     "that the judge still reads, for its agreement (0..1)"
+    )
+    judge_checked_max: int = Field(
+        12, ge=0, description="the most such channels the judge reads in a night (>= 0)"
+    )
+    turn_penalty: float = Field(
+        0.02, ge=0, description="advantage taken per extra assistant message in a turn (>= 0)"
+    )
+    stray_advantage: float = Field(
+        -1.0, le=0, description="advantage on a stray end-of-turn's last token (<= 0)"
+    )
+    aborted_reward: float = Field(
+        -1.0, ge=-1, le=0, description="reward of a turn stopped by the step limit (-1..0)"
+    )
+    seed: int = Field(0, description="an integer seed for the night's samples")
+    budget_s: float = Field(
+        1200.0, ge=0, description="seconds a night may take; training takes fewer steps to fit "
+                                  "(0 = no limit)"
+    )
+    auto_promote: bool = Field(
+        False, description="true to serve a candidate that passes the gate at once"
+    )
+    gate_margin: float = Field(
+        0.05, description="how much better, per held-out item (0..1), a candidate must score"
+    )
+    gate_min_items: int = Field(
+        20, ge=1, description="held-out items the gate needs to decide (>= 1)"
+    )
+    gate_confidence: float = Field(
+        0.9, gt=0, lt=1, description="the paired bootstrap interval's confidence (0..1)"
+    )
+    regression_margin: float = Field(
+        0.5, ge=0, description="how much worse open chat may score before it is a regression"
+    )
+    eval_max: int = Field(32, ge=1, description="held-out prompts evaluated per night (>= 1)")
+    probes_file: Path | None = Field(
+        None, description="a JSONL file of {\"prompt\", \"expected\"} verifiable probes, or empty"
+    )
+    export_mode: Literal["merged", "adapter"] = Field(
+        "merged", description="merged (q8_0 GGUF of the merged model) or adapter (--lora_path)"
+    )
+    single_gpu: bool = Field(
+        False, description="true to stop serving while training (one GPU too small for both)"
+    )
+    report_channel: str = Field(
+        "", description='the channel key for night reports; "" = the night\'s own channel'
+    )
+
+    _unset = field_validator("probes_file", mode="before")(_empty_is_none)
+
+
+class TrainConfig(_Section):
+    beta: float = Field(0.1, gt=0, description="OAPL's beta (> 0); 1e-3 collapsed a prototype")
+    echo_lambda: float = Field(0.05, ge=0, description="the ECHO loss weight (>= 0)")
+    imitation: float = Field(
+        1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
+    )
+    lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "cosine", description='the rate over the steps: "constant", "linear" or "cosine"'
+    )
+    warmup_steps: int = Field(
+        2, ge=0, le=1000, description="optimizer steps rising to the peak rate (0..1000)"
+    )
+    batch: int = Field(32, ge=1, description="sequences per optimizer step (>= 1)")
+    micro_batch: int = Field(16, ge=1, description="the most sequences per forward pass (>= 1)")
+    micro_tokens: int = Field(
+        4096, ge=64, description="the most tokens per forward pass, a shared prefix once (>= 64)"
+    )
+    epochs: int = Field(1, ge=1, le=20, description="passes over the night's data (1..20)")
+    steps: int = Field(0, ge=0, description="optimizer steps; 0 = as many as epochs need")
+    min_steps: int = Field(
+        16, ge=1, description="the fewest optimizer steps when steps = 0 (>= 1)"
+    )
+    max_epochs: int = Field(
+        2, ge=1, le=20,
+        description="the most passes min_steps may repeat a night's data to (1..20); "
+                    "a smaller night gets smaller batches",
+    )
+    max_tokens: int = Field(
+        0, ge=0, description="the longest training sequence; 0 = model.context_tokens"
+    )
+    gradient_checkpointing: Literal["auto", "on", "off"] = Field(
+        "auto", description='"auto", "on" or "off"; auto = on for checkpoints of 1 GB or more'
+    )
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _whole_rows(cls, value: int) -> int:
+        if 0 < value < 128:
+            raise ValueError("must be 0 (the served context) or at least 128")
+        return value
+
+
+class PracticeConfig(_Section):
+    temperature: float = Field(
+        0.8, ge=0, le=2,
+        description="the sampling temperature of practice attempts, between 0 and 2 (the G "
+                    "attempts of a task must differ to teach anything)",
+    )
+    samples: int = Field(4, ge=1, le=64, description="attempts per task by default (1..64)")
+    max_steps: int = Field(
+        4, ge=1, le=100, description="model calls one /practice attempt may make (1..100)"
+    )
+    held_out_percent: int = Field(
+        20, ge=0, le=90, description="the share of each set's tasks held out for the gate (0..90)"
+    )
+    check_timeout_s: float = Field(
+        10, gt=0, le=300, description="seconds a regex or python check may run (0..300)"
+    )
+    demonstrate: bool = Field(
+        True, description="true or false; when no attempt of a task passes, its reference "
+                          "answer (an exact check's text, or the task's \"reference\") "
+                          "joins the attempts as an example"
+    )

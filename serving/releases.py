@@ -1,0 +1,193 @@
+"""Releases: what the nights built, and which one serves.
+
+A release is a row in the store (candidate, live or retired) and a folder with
+``release.json``, which lists the SHA-256 of every file. Promote and rollback
+are the same act: check the folder, swap the model in through the supervisor,
+then mark the rows. A corrupt release or a model that fails its canary never
+goes live, and the old model keeps serving. A candidate that a newer release
+was trained on top of (its ``base_release_id``) is refused, with the newer one
+named: serving it would silently drop the newer one's training.
+
+What serves is what is live: ``serve_live`` points the supervisor at the live
+release before the server first starts, so a restarted bot serves it too.
+
+``Releases`` takes only the services it acts on (config, store, supervisor),
+so the admin commands and the night watch share it without knowing the
+runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+from core.storage.events import Event
+
+if TYPE_CHECKING:
+    from core.config import Config
+    from serving.supervisor import ServerSupervisor
+    from core.storage.store import Store
+
+# Each time a release (or the base model: release_id None) goes live, an event records
+# what served before it: the chain that rollback walks back.
+LIVE_EVENT = Event.RELEASE_LIVE
+LIVE_EVENT_CHANNEL = "releases"
+
+logger = logging.getLogger("nightshift.releases")
+
+
+def release_problem(release: dict) -> str | None:
+    """Why a release may not be served (missing or changed files), or None."""
+    path = Path(release["path"])
+    manifest = path / "release.json"
+    if not manifest.is_file():
+        return f"{manifest} is missing"
+    files = json.loads(manifest.read_text()).get("files", {})
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file} is missing"
+        digest = hashlib.sha256()
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != expected:
+            return f"{file} does not match its SHA-256 in release.json"
+    return None
+
+
+def built_on(releases: list[dict], release_id: int) -> list[dict]:
+    """The releases trained on top of ``release_id``, directly or through others (each
+    release's meta names its base as ``base_release_id``); rejected ones do not count."""
+    found, frontier = [], {release_id}
+    for release in sorted(releases, key=lambda r: r["id"]):
+        if release["meta"].get("base_release_id") in frontier:
+            frontier.add(release["id"])
+            if release["state"] != "rejected":
+                found.append(release)
+    return found
+
+
+class Releases:
+    """Promote and roll back releases; each answer is the text to show the admin."""
+
+    def __init__(self, config: Config, store: Store, supervisor: ServerSupervisor) -> None:
+        self.config = config
+        self.store = store
+        self.supervisor = supervisor
+
+    @property
+    def swap_mode(self) -> str:
+        # One GPU cannot hold two models: the swap then restarts the server in place.
+        return "restart" if self.config.night.single_gpu else "blue-green"
+
+    async def promote(self, release_id: int | None = None) -> str:
+        releases = await self.store.releases()
+        candidates = [r for r in releases if r["state"] == "candidate"
+                      and (release_id is None or r["id"] == release_id)]
+        if not candidates:
+            return ("No candidate release to promote." if release_id is None
+                    else f"Release #{release_id} is not a candidate.")
+        newer = built_on(releases, candidates[-1]["id"])
+        if newer:
+            names = ", ".join(f"#{r['id']}" for r in newer)
+            return (f"Release #{candidates[-1]['id']} refused: release(s) {names} were trained "
+                    f"on top of it and include its training, so serving #{candidates[-1]['id']} "
+                    f"now would drop theirs. Promote {names.split(', ')[-1]} instead. "
+                    "Nothing changed.")
+        live = [r["id"] for r in releases if r["state"] == "live"]
+        return await self._serve(candidates[-1], "promote", live[0] if live else None)
+
+    async def rollback(self, release_id: int | None = None) -> str:
+        """Serve the release that served before the live one (or the one named), or the
+        base model when none did.
+
+        The chain is the order releases went live (``release_live`` events), not their
+        ids: a second rollback goes further back, never forward to the one just left."""
+        releases = {r["id"]: r for r in await self.store.releases()}
+        live = [r for r in releases.values() if r["state"] == "live"]
+        if release_id is not None:
+            target = releases.get(release_id)
+            if target is None or target["state"] != "retired":
+                return f"Release #{release_id} is not a retired release."
+            return await self._serve(target, "rollback", await self._previous(target["id"]))
+        if not live:
+            return "The base model is already serving; there is nothing to roll back."
+        target_id = await self._previous(live[0]["id"])
+        seen = {live[0]["id"]}
+        # A link to a release that is no longer retired (or a loop) is skipped.
+        while target_id is not None and (target_id in seen or
+                                         releases.get(target_id, {}).get("state") != "retired"):
+            seen.add(target_id)
+            target_id = await self._previous(target_id)
+        if target_id is not None:
+            target = releases[target_id]
+            return await self._serve(target, "rollback", await self._previous(target_id))
+        try:
+            await self.supervisor.swap(self.config.served_gguf, mode=self.swap_mode,
+                                       reason="rollback to the base model")
+        except Exception as exc:
+            return f"Rollback failed ({exc}); still serving release #{live[0]['id']}."
+        await self.store.set_release_state(live[0]["id"], "retired")
+        await self._record_live(None, None, "rollback")
+        return f"Rolled back to the base model ({self.config.served_gguf.name})."
+
+    async def _previous(self, release_id: int) -> int | None:
+        """What served before ``release_id`` went live (None: the base model)."""
+        for event in reversed(await self.store.events(LIVE_EVENT)):
+            if event["payload"].get("release_id") == release_id:
+                return event["payload"].get("previous")
+        # A release made live before the chain was recorded: the newest older retired one.
+        older = [r["id"] for r in await self.store.releases()
+                 if r["state"] == "retired" and r["id"] < release_id]
+        return older[-1] if older else None
+
+    async def _record_live(self, release_id: int | None, previous: int | None,
+                           how: str) -> None:
+        await self.store.add_event(LIVE_EVENT_CHANNEL, None, LIVE_EVENT,
+                                   {"release_id": release_id, "previous": previous, "how": how})
+
+    async def _serve(self, release: dict, why: str, previous: int | None) -> str:
+        """Swap a release in; a corrupt release or a failed canary never goes live.
+
+        ``previous`` is what a later rollback from this release goes back to."""
+        problem = await asyncio.to_thread(release_problem, release)
+        if problem:
+            return f"Release #{release['id']} refused: {problem}. Nothing changed."
+        meta = release["meta"]
+        gguf = Path(meta.get("gguf") or release["path"])
+        lora = Path(meta["lora"]) if meta.get("lora") else None
+        try:
+            await self.supervisor.swap(gguf, lora=lora, mode=self.swap_mode,
+                                       reason=f"{why} to release #{release['id']}")
+        except Exception as exc:
+            return f"Release #{release['id']} failed to start; the old model keeps serving.\n{exc}"
+        await self.store.set_release_state(release["id"], "live")
+        await self._record_live(release["id"], previous, why)
+        for job in await self.store.jobs("sleep", ["awaiting_promotion"]):
+            if job["progress"].get("release_id") == release["id"]:
+                await self.store.update_job(job["id"], state="live")
+        return f"Now serving release #{release['id']} ({release['name']})."
+
+
+async def serve_live(store: Store, supervisor: ServerSupervisor) -> str | None:
+    """Point a not yet started supervisor at the live release; what it serves, or None
+    for the base model. A live release whose files fail their check is retired (with a
+    warning) and the base model serves: a corrupt release never serves."""
+    live = [r for r in await store.releases() if r["state"] == "live"]
+    if not live:
+        return None
+    release = live[0]
+    problem = await asyncio.to_thread(release_problem, release)
+    if problem:
+        logger.warning("live release #%s cannot serve (%s); retired, serving the base model",
+                       release["id"], problem)
+        await store.set_release_state(release["id"], "retired")
+        return None
+    meta = release["meta"]
+    supervisor.gguf = Path(meta.get("gguf") or release["path"])
+    supervisor.lora = Path(meta["lora"]) if meta.get("lora") else None
+    return f"release #{release['id']} ({release['name']})"
