@@ -148,7 +148,7 @@ async def evaluate(rt: Runtime, pset: PracticeSet, phase: str) -> list[float]:
         if not result.ok:
             rewards.append(0.0)
             continue
-        verdict = await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
+        verdict = await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
                               rt.config.practice.check_timeout_s)
         rewards.append(verdict.reward if verdict.judged else 0.0)
     return rewards

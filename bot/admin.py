@@ -138,7 +138,7 @@ async def restart_server(supervisor: ServerSupervisor) -> str:
 async def notes_wipe(spaces: ChannelSpaces, channel: str, confirm: str | None = None) -> str:
     """Delete every note of the channel, with no undo: only with the literal word CONFIRM.
     (The routine cleaning, ``/notes-clean``, is ``bot.hygiene.routine_clean``.)"""
-    notes = spaces.context(channel).services.get("notes")
+    notes = spaces.context(channel).services.notes
     if notes is None:
         return "Notes are not enabled."
     if confirm != "CONFIRM":

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 from sandbox.paths import workspace_for
-from tools import ToolContext
+from tools import Services, ToolContext
 from tools.python_jobs import job_runner
 from tools.system import read_sys_section
 
@@ -46,9 +46,11 @@ class ChannelSpaces:
     """One ToolContext per channel, made on first use and kept (its journal is live)."""
 
     def __init__(self, data_dir: Path, workspace_keys: dict[str, str] | None = None,
-                 **services: Any) -> None:
+                 services: Services | None = None, *, status: Callable[[], dict] | None = None,
+                 embedder: Any = None) -> None:
         self.data_dir = data_dir
-        self.services = services
+        self.services = services or Services()  # each channel's context gets a copy
+        self.status, self.embedder = status, embedder
         # A swarm with a shared workspace maps its members to one workspace key.
         self.workspace_keys = workspace_keys or {}
         self._contexts: dict[str, ToolContext] = {}
@@ -63,8 +65,9 @@ class ChannelSpaces:
                 digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
                 state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
             outbox: list[str] = []
-            ctx = ToolContext.open(channel, workspace, state_dir, outbox=outbox,
-                                   send_file=outbox.append, **self.services)
+            ctx = ToolContext.open(channel, workspace, state_dir, self.services, outbox=outbox,
+                                   send_file=outbox.append, status=self.status,
+                                   embedder=self.embedder)
             job_runner(ctx)  # finds jobs a previous run left behind and reports them lost
             self._contexts[channel] = ctx
         return ctx
@@ -72,7 +75,7 @@ class ChannelSpaces:
     async def close(self) -> None:
         """Stop every channel's background Python jobs (they are reported lost)."""
         for ctx in self._contexts.values():
-            runner = ctx.services.get("jobs_runner")
+            runner = ctx.services.jobs_runner
             if runner is not None:
                 await runner.close()
 

@@ -139,7 +139,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("restart-server", "restart the model server",
             lambda rt, c: admin.restart_server(rt.supervisor)),
     Command("notes-clean", "routine cleaning: the agent merges and deletes redundant notes",
-            lambda rt, c: hygiene.routine_clean(rt.spaces.services.get("notes"),
+            lambda rt, c: hygiene.routine_clean(rt.spaces.services.notes,
                                                 rt.registry.names(), rt.turn, c.channel)),
     Command("notes-wipe", "delete every note of this channel, no undo (type CONFIRM)",
             lambda rt, c, confirm=None: admin.notes_wipe(rt.spaces, c.channel, confirm),

@@ -36,7 +36,7 @@ from bot.swarm import Swarms
 from bot.agent.tool_profiles import tool_names
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget
-from tools import Registry, default_registry
+from tools import Registry, Services, default_registry
 from tools.board import Board
 from tools.filelocks import FileLocks
 from tools.jobs import JobSlots
@@ -63,8 +63,9 @@ def _sandbox(config: Config) -> Sandbox:
                    memory=memory)
 
 
-def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
-    """What the tools may use beyond their workspace; loaded once, shared by channels."""
+def _spaces(config: Config, supervisor: Any) -> ChannelSpaces:
+    """Every channel's tool context, with what the tools may use beyond their workspace:
+    loaded once, shared by the channels."""
     from core.storage.embedder import MiniLMEmbedder
     from tools.notes import NoteStore
 
@@ -79,13 +80,14 @@ def _services(config: Config, store: Store, supervisor: Any) -> dict[str, Any]:
     teams = config.swarms.teams
     board = Board(config.data_dir / "board.db", {t.name: t.channels for t in teams}) \
         if teams else None
-    return {"embedder": embedder, "status": server_status, "vision": config.model.vision,
-            "sandbox": _sandbox(config),
-            "workspace_quota_bytes": config.sandbox.workspace_quota_mb << 20,
-            "notes": notes, "board": board, "file_locks": FileLocks(),
-            "shared_notes_channels": frozenset(config.agent.shared_notes_channels),
-            "job_slots": JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
-            "image_cache": config.data_dir / "images"}
+    services = Services(
+        sandbox=_sandbox(config), notes=notes, board=board, file_locks=FileLocks(),
+        shared_notes_channels=frozenset(config.agent.shared_notes_channels),
+        job_slots=JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
+        vision=config.model.vision, image_cache=config.data_dir / "images",
+        workspace_quota_bytes=config.sandbox.workspace_quota_mb << 20)
+    return ChannelSpaces(config.data_dir, _shared_workspaces(config), services,
+                         status=server_status, embedder=embedder)
 
 
 def _shared_workspaces(config: Config) -> dict[str, str]:
@@ -137,12 +139,11 @@ class Runtime:
                 llm = LLM(config, supervisor)
                 stack.push_async_callback(llm.close)
             registry = _registry(config)
-            spaces = ChannelSpaces(config.data_dir, _shared_workspaces(config),
-                                   **_services(config, store, supervisor))
+            spaces = _spaces(config, supervisor)
             stack.push_async_callback(spaces.close)
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
                           stray=RuleStrayDetector())
-            board = spaces.services.get("board")
+            board = spaces.services.board
             if board is not None:
                 agent.prompt_hooks.append(board.prompt_section)
             activity: list[Callable[[], None]] = []  # the schedule's, once it exists
@@ -223,5 +224,5 @@ def _schedule(rt: Runtime, clock: Callable[[], datetime] | None = None) -> Sleep
         config, clock=clock or (lambda: datetime.now(timezone.utc)),
         zone=ZoneInfo(config.sleep.time_zone), rounds=rt.rounds, night_active=night_active,
         pending=pending, start_night=start_night, announce=announce,
-        clean_notes=lambda: hygiene.routine_clean_all(rt.spaces.services.get("notes"),
+        clean_notes=lambda: hygiene.routine_clean_all(rt.spaces.services.notes,
                                                       rt.registry.names(), rt.turn))

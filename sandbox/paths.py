@@ -36,7 +36,6 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import stat
 from pathlib import Path, PurePosixPath
 
@@ -131,15 +130,29 @@ class Workspace:
             raise
 
     def clear_scratch(self) -> None:
-        """Empty ``scratch/`` without following any link the agent left in it."""
-        if self.scratch.is_symlink() or not self.scratch.is_dir():
-            self._ensure_scratch()
-            return
-        for entry in os.scandir(self.scratch):
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, onerror=_make_writable_and_retry)
-            else:
-                os.unlink(entry.path)
+        """Empty ``scratch/`` by folder descriptor, never by path.
+
+        A background job can swap ``scratch/`` (or any folder in it) for a link between
+        a check and a removal (``renameat2(RENAME_EXCHANGE)``, timed with inotify): a
+        removal by path then deleted the host folders the link led to. Here every folder
+        is opened ``O_NOFOLLOW`` relative to its parent's descriptor, and every removal
+        and permission change goes through a descriptor (``remove_tree``), so a swapped
+        link is removed as a link, or refused, and nothing outside is touched."""
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            try:
+                scratch = os.open("scratch", DIR_OPEN, dir_fd=root)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                    raise
+                self._ensure_scratch()  # a link or a file stands there: replaced, not followed
+                return
+            try:
+                empty_folder(scratch)
+            finally:
+                os.close(scratch)
+        finally:
+            os.close(root)
 
     # --- helpers ---
 
@@ -196,11 +209,64 @@ def _is_link(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _make_writable_and_retry(func, path, _exc_info) -> None:
-    # A program running as the bot's own user may have left a read-only folder.
-    parent = os.path.dirname(path)
-    os.chmod(parent, stat.S_IRWXU)
-    func(path)
+DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 256  # deeper trees than this are refused whole: one descriptor per level
+
+
+def empty_folder(dir_fd: int, depth: int = 0) -> None:
+    """Remove everything in the folder open as ``dir_fd``, through descriptors only: an
+    entry that turns into a link mid-way is unlinked as a link, never followed. A folder
+    a job left read-only is made writable through its own descriptor first."""
+    if depth > MAX_DEPTH:
+        raise OSError(errno.ELOOP, f"folders nested more than {MAX_DEPTH} deep")
+    _own(dir_fd)
+    for name in os.listdir(dir_fd):
+        remove_entry(dir_fd, name, depth)
+
+
+def remove_entry(dir_fd: int, name: str, depth: int = 0) -> None:
+    """Remove ``name`` under ``dir_fd``, a whole folder tree included, never following a
+    link; an entry gone meanwhile is done."""
+    for _ in range(3):  # a job may swap the entry between the two calls below
+        try:
+            os.unlink(name, dir_fd=dir_fd)
+            return
+        except FileNotFoundError:
+            return
+        except IsADirectoryError:
+            pass
+        except PermissionError as exc:  # EPERM: unlink of a folder on Linux
+            if exc.errno != errno.EPERM:
+                raise
+        try:
+            child = os.open(name, DIR_OPEN, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                continue  # it became a link or a file: unlink it as one
+            raise
+        try:
+            empty_folder(child, depth + 1)
+        finally:
+            os.close(child)
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ENOTEMPTY):
+                raise  # refilled or swapped meanwhile: go round again
+    raise OSError(errno.EBUSY, f"{name} kept changing while it was being removed")
+
+
+def _own(dir_fd: int) -> None:
+    """Make the folder writable by its owner through its descriptor (``/proc/self/fd``
+    names the open folder itself, not a path a job could swap)."""
+    mode = os.fstat(dir_fd).st_mode
+    if mode & stat.S_IRWXU != stat.S_IRWXU:
+        os.chmod(f"/proc/self/fd/{dir_fd}", stat.S_IMODE(mode) | stat.S_IRWXU)
 
 
 def workspace_for(data_dir: Path, channel: str) -> Workspace:

@@ -326,7 +326,7 @@ async def test_files_the_agent_sends_are_uploaded_after_the_reply(discord_env):
     def script(messages, kwargs):
         if messages[-1]["role"] == "user":
             return call("write_file", {"path": "out.txt", "content": "the result\n"})
-        outbox = h.rt.spaces.context(str(h.free.id)).services["outbox"]
+        outbox = h.rt.spaces.context(str(h.free.id)).services.outbox
         outbox += ["out.txt", "missing.txt", "../etc/passwd"]  # what send_file would do
         return say("Here is the file.")
 

@@ -51,7 +51,7 @@ async def contexts(tmp_path: Path):
 
     yield make
     for ctx in made:
-        runner = ctx.services.get("jobs_runner")
+        runner = ctx.services.jobs_runner
         if runner is not None:
             await runner.close()
 

@@ -40,7 +40,7 @@ async def rt(tmp_path: Path):
     config = make_config(tmp_path)
     config.agent.tools = "all"  # the embedded model's core set has no note tools
     rt = await start_runtime(config, ScriptedLLM(cleaner))
-    notes = rt.spaces.services["notes"]
+    notes = rt.spaces.services.notes
     for text in (DEPLOY_1, DEPLOY_2, FRENCH):
         notes.add("c1", text)
     notes.add("c2", FRENCH)
@@ -49,7 +49,7 @@ async def rt(tmp_path: Path):
 
 
 async def test_notes_clean_is_a_recorded_agent_turn_that_merges_duplicates(rt):
-    notes = rt.spaces.services["notes"]
+    notes = rt.spaces.services.notes
     assert [len(g) for g in notes.duplicate_groups("c1")] == [2]
     answer = await run_command(rt, ADMIN, "notes-clean")
     assert answer.text.startswith("Routine cleaning (episode #1): 3 notes before, 2 after.")
@@ -66,7 +66,7 @@ async def test_notes_clean_is_a_recorded_agent_turn_that_merges_duplicates(rt):
 
 
 async def test_notes_wipe_needs_the_literal_word_confirm(rt):
-    notes = rt.spaces.services["notes"]
+    notes = rt.spaces.services.notes
     for confirm in ({}, {"confirm": "confirm"}, {"confirm": "yes"}):
         answer = await run_command(rt, ADMIN, "notes-wipe", **confirm)
         assert answer.text.startswith("Nothing deleted. /notes-wipe deletes all 3 notes")
@@ -87,7 +87,7 @@ async def test_health_reports_notes_and_duplicates_per_channel(rt):
 
 
 async def test_the_weekly_cleaning_visits_every_channel_with_notes(rt):
-    text = await routine_clean_all(rt.spaces.services["notes"], rt.registry.names(), rt.turn)
+    text = await routine_clean_all(rt.spaces.services.notes, rt.registry.names(), rt.turn)
     lines = text.splitlines()
     assert lines[0].startswith("#c1: Routine cleaning (episode #") and "3 notes before, 2 after" \
         in lines[0]
@@ -100,7 +100,7 @@ async def test_notes_clean_says_so_when_the_note_tools_are_not_offered(tmp_path)
     config.agent.tools = "auto"  # the embedded model's core set
     rt = await start_runtime(config, ScriptedLLM([say("should not run")]))
     try:
-        text = await routine_clean(rt.spaces.services["notes"], rt.registry.names(), rt.turn, "c1")
+        text = await routine_clean(rt.spaces.services.notes, rt.registry.names(), rt.turn, "c1")
         assert "not offered the note tools" in text and 'agent.tools = "all"' in text
         assert await rt.store.episodes_since(0) == []  # no turn was run
     finally:

@@ -52,7 +52,7 @@ async def test_swarm_and_routine_cleaning_turns_run_on_the_embedded_model(
             await asyncio.sleep(0.1)
         assert sorted(c for c, _ in said) == ["s1", "s2"]
         assert not rt.rounds.busy
-        rt.spaces.services["notes"].add("s1", "The answer is 42.")
+        rt.spaces.services.notes.add("s1", "The answer is 42.")
         cleaned = await run_command(rt, ADMIN, "notes-clean")
         episodes = await rt.store.episodes_since(0)
     finally:

@@ -226,6 +226,41 @@ def test_clear_scratch_empties_it_without_following_links(ws, outside):
     assert (ws.root / "keep.txt").read_text() == "kept"
 
 
+def test_clear_scratch_never_follows_a_folder_swapped_for_a_link_mid_removal(ws, outside,
+                                                                             monkeypatch):
+    """The attack of issue 40: a job swaps a folder of scratch/ for a link to a host folder
+    between the bot's look and its removal. Removal by descriptor unlinks the link."""
+    (outside / "data" / "nights").mkdir(parents=True)
+    (ws.scratch / "d" / "e").mkdir(parents=True)
+    real_open, swapped = os.open, []
+
+    def racing_open(path, flags, mode=0o777, *, dir_fd=None):
+        if path == "d" and dir_fd is not None and not swapped:  # the job wins the race here
+            swapped.append(True)
+            os.rename(ws.scratch / "d", ws.root / "moved")
+            os.symlink(outside / "data", ws.scratch / "d")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", racing_open)
+    ws.clear_scratch()
+    monkeypatch.undo()
+    assert swapped and list(ws.scratch.iterdir()) == []
+    assert (outside / "data" / "nights").is_dir() and (outside / "secret.txt").is_file()
+
+
+def test_clear_scratch_removes_read_only_and_deep_folders_by_descriptor(ws):
+    deep = ws.scratch.joinpath(*["n"] * 40)
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("x")
+    locked = ws.scratch / "locked"
+    (locked / "inner").mkdir(parents=True)
+    (locked / "inner" / "f").write_text("x")
+    os.chmod(locked / "inner", 0o500)
+    os.chmod(locked, 0o500)
+    ws.clear_scratch()
+    assert list(ws.scratch.iterdir()) == []
+
+
 def test_clear_scratch_replaces_a_scratch_that_became_a_link(ws, outside):
     ws.scratch.rmdir()
     os.symlink(outside, ws.scratch)

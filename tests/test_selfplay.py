@@ -337,7 +337,7 @@ async def test_no_sandbox_ends_the_round_without_blaming_the_proposer(tmp_path):
     async def unavailable(*args, **kwargs):
         raise SandboxUnavailable("bubblewrap is not installed")
 
-    rt.spaces.services["sandbox"].run = unavailable
+    rt.spaces.services.sandbox.run = unavailable
     try:
         _, said = await play(rt, "/selfplay start 1 --solvers 2")
         rewards = await rt.store.events("verifier_reward")

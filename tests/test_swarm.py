@@ -160,7 +160,7 @@ async def test_swarm_start_runs_each_member_as_a_real_turn_and_they_see_each_oth
             await asyncio.sleep(0.02)
         assert sorted(said) == [("s1", "s1 did its part"), ("s2", "s2 did its part")]
         assert not rt.rounds.busy
-        posts = rt.spaces.services["board"].read("s1")
+        posts = rt.spaces.services.board.read("s1")
         assert posts[0]["topic"] == "task" and posts[0]["text"] == "split the work"
         assert {p["channel"] for p in posts[1:]} == {"s1", "s2"}
         for channel in ("s1", "s2"):  # each turn is an episode, its prompt names the task

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 from pathlib import Path
 
@@ -198,6 +200,53 @@ async def test_glob_matches_recursive_patterns(ctx):
     assert not escape.ok and ".." in escape.output
 
 
+def test_glob_matching_agrees_with_trying_every_split_of_each_double_star():
+    import fnmatch
+    import itertools
+    import random
+
+    from tools.search import _match
+
+    def every_split(names, parts):  # the old exponential definition, as the reference
+        if not parts:
+            return not names
+        if parts[0] == "**":
+            return any(every_split(names[i:], parts[1:]) for i in range(len(names) + 1))
+        return bool(names) and fnmatch.fnmatchcase(names[0], parts[0]) \
+            and every_split(names[1:], parts[1:])
+
+    rng = random.Random(7)
+    words = ["a", "b", "ab", "*", "a*", "**", "?"]
+    for _ in range(3000):
+        names = [rng.choice(["a", "b", "ab", "ba"]) for _ in range(rng.randint(0, 5))]
+        parts = [rng.choice(words) for _ in range(rng.randint(1, 5))]
+        assert _match(names, parts) == every_split(names, parts), (names, parts)
+    assert not any(_match(list(p), ["x"]) for p in itertools.product("ab", repeat=2))
+
+
+def test_glob_matching_costs_at_most_names_times_parts_comparisons(monkeypatch):
+    """40 ** on a 10-deep tree held a thread for ever (issue 40): now bounded, not timed."""
+    import fnmatch
+
+    from tools.search import _match
+
+    calls = []
+    real = fnmatch.fnmatchcase
+    monkeypatch.setattr(fnmatch, "fnmatchcase", lambda n, p: calls.append(1) or real(n, p))
+    names = ["d"] * 10
+    parts = ["**", "x*"] * 16  # the most parts a pattern may have, none collapsible
+    assert _match(names, parts) is False
+    assert len(calls) <= len(names) * len(parts)
+
+
+async def test_glob_collapses_repeated_double_stars_and_caps_its_parts(ctx):
+    write(ctx, "/".join("d" * 10) + "/f.py", "")
+    found = await ok(ctx, "glob", pattern="/".join(["**"] * 40) + "/*.py")
+    assert found == "/".join("d" * 10) + "/f.py"
+    long = await call(ctx, "glob", pattern="/".join(["**", "d"] * 20))
+    assert not long.ok and "the pattern has 40 parts; at most 32" in long.output
+
+
 async def test_tree_shows_nested_folders_to_the_given_depth(ctx):
     write(ctx, "a/b/c/deep.txt", "")
     out = await ok(ctx, "tree", depth=2)
@@ -253,6 +302,26 @@ async def test_save_recipe_refuses_attribute_and_positional_fields(ctx):
     for template in ("{a.__class__}", "{}", "{x[0]}", "unclosed {"):
         result = await call(ctx, "save_recipe", name="r", template=template)
         assert not result.ok, template
+
+
+async def test_a_format_spec_is_refused_at_save_and_at_fill_never_run(ctx):
+    """{x:>100000000} grew the bot by 381 MiB before the output was cut (issue 40)."""
+    for template in ("{x:>100000000}", "{x!r}", "{x:05d}", "pad {x:{y}}"):
+        result = await call(ctx, "save_recipe", name="r", template=template)
+        assert not result.ok and "format spec or conversion" in result.output, template
+    # A recipe stored before the rule (written straight to the file) is refused when filled.
+    (ctx.state_dir / "recipes.json").write_text(json.dumps(
+        {"old": {"template": "{x:>100000000}", "params": ["x"], "saved": 0}}))
+    old = await call(ctx, "fill_recipe", name="old", values_json='{"x": "a"}')
+    assert not old.ok and "format spec or conversion" in old.output
+
+
+async def test_a_filled_recipe_is_measured_before_it_is_built(ctx):
+    await ok(ctx, "save_recipe", name="many", template="{v}" * 200)
+    big = await call(ctx, "fill_recipe", name="many", values_json=json.dumps({"v": "x" * 1000}))
+    assert not big.ok and "would be 200000 characters; the limit is 100000" in big.output
+    small = await ok(ctx, "fill_recipe", name="many", values_json='{"v": "ab"}')
+    assert small == "ab" * 200
 
 
 # --- update_sys ---

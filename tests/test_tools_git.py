@@ -176,7 +176,7 @@ def test_no_tool_reaches_remotes_or_changes_config():
 async def test_git_tools_refuse_with_the_fix_when_bubblewrap_is_missing(ctx):
     box = Sandbox()
     box.bwrap = None
-    ctx.services["sandbox"] = box
+    ctx.services.sandbox = box
     out = await refused(ctx, "git_status")
     assert "bubblewrap" in out and "allow_unsandboxed" in out
 

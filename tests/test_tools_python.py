@@ -27,7 +27,7 @@ async def ctx(tmp_path: Path):
                     "apt-get install bubblewrap.", pytrace=False)
     context = ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state")
     yield context
-    runner = context.services.get("jobs_runner")
+    runner = context.services.jobs_runner
     if runner is not None:
         await runner.close()
 
@@ -149,7 +149,7 @@ async def test_run_python_cannot_read_shadow_or_the_host_repository(ctx):
 async def test_python_tools_refuse_with_the_fix_when_bubblewrap_is_missing(ctx):
     box = Sandbox()
     box.bwrap = None  # as on a machine without bubblewrap, unsandboxed mode not allowed
-    ctx.services["sandbox"] = box
+    ctx.services.sandbox = box
     for name, arguments in (("run_python", {"code": "print(1)"}), ("job_start", {"code": "print(1)"})):
         result = await call(ctx, name, **arguments)
         assert not result.ok
@@ -214,7 +214,7 @@ async def test_a_job_cut_off_by_a_restart_is_reported_lost_with_its_output(ctx, 
     after = ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state")
     out = await ok(after, "job_poll", job_id="j1")
     assert out.startswith("job j1: lost") and "restarted" in out and "partial" in out
-    await ctx.services["jobs_runner"].close()  # the old runner's late end must not overwrite it
+    await ctx.services.jobs_runner.close()  # the old runner's late end must not overwrite it
     assert job_runner(after).get("j1")["state"] == "lost"
     assert "restarted" in job_runner(after).get("j1")["note"]
     await job_runner(after).close()
@@ -223,7 +223,7 @@ async def test_a_job_cut_off_by_a_restart_is_reported_lost_with_its_output(ctx, 
 async def test_closing_the_runner_kills_its_jobs_and_marks_them_lost(ctx):
     await ok(ctx, "job_start", code="import time\nprint('on', flush=True)\ntime.sleep(60)")
     await wait_for(lambda: "on" in ws_file(ctx, "jobs/j1/stdout.txt").read_text())
-    runner = ctx.services["jobs_runner"]
+    runner = ctx.services.jobs_runner
     await runner.close()
     record = runner.get("j1")
     assert record["state"] == "lost" and "shut down" in record["note"]
@@ -235,7 +235,7 @@ async def test_job_records_persist_in_state_dir_and_feed_the_health_summary(ctx)
     await wait_for(lambda: job_runner(ctx).get("j1")["state"] != "running")
     saved = json.loads((ctx.state_dir / "jobs.json").read_text())
     assert saved["jobs"]["j1"]["state"] == "done" and saved["next_id"] == 2
-    assert ctx.services["jobs"]()[0]["id"] == "j1" and ctx.services["jobs"]()[0]["state"] == "done"
+    assert ctx.services.jobs()[0]["id"] == "j1" and ctx.services.jobs()[0]["state"] == "done"
     assert "id=j1, state=done" in await ok(ctx, "health")
 
 

@@ -63,7 +63,8 @@ def registry() -> Registry:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state", embedder="e", extra=1)
+    return ToolContext.open("test", Workspace(tmp_path / "ws"), tmp_path / "state", embedder="e",
+                            vision=True)
 
 
 def test_schema_comes_from_hints_and_the_args_section():
@@ -193,5 +194,57 @@ def test_default_registry_is_fresh_each_time_and_holds_every_module(ctx):
 
 def test_tool_context_open_builds_the_journal_and_keeps_services(ctx, tmp_path):
     assert ctx.journal.state_dir == (tmp_path / "state").resolve()
-    assert ctx.embedder == "e" and ctx.services == {"extra": 1}
+    assert ctx.embedder == "e" and ctx.services.vision is True and ctx.services.notes is None
     assert ctx.send_file is None
+
+
+def test_an_unknown_tool_service_is_refused_by_name(tmp_path):
+    """Services are typed fields, not a bag: a misspelt one fails where it is given."""
+    with pytest.raises(TypeError, match="unknown tool service.* noets; the services are sandbox"):
+        ToolContext.open("t", Workspace(tmp_path / "ws"), tmp_path / "state", noets=object())
+
+
+def test_each_channel_gets_its_own_copy_of_the_shared_services(tmp_path):
+    from tools import Services
+
+    shared = Services(vision=True)
+    one = ToolContext.open("a", Workspace(tmp_path / "a"), tmp_path / "sa", shared, outbox=[])
+    two = ToolContext.open("b", Workspace(tmp_path / "b"), tmp_path / "sb", shared, outbox=[])
+    one.services.jobs = list
+    assert two.services.jobs is None and shared.jobs is None
+    assert one.services.outbox is not two.services.outbox and one.services.vision
+
+
+RELEASE = threading.Event()
+
+
+@tool
+def hangs(ctx: ToolContext) -> str:
+    """Block until the test lets go (a host-side call that never returns, as a glob did)."""
+    RELEASE.wait(30)
+    return "late"
+
+
+async def test_a_sync_tool_past_its_deadline_ends_with_an_error_and_the_turn_goes_on(ctx):
+    """Stuck calls hold their own slots only: the turn gets an error, later calls wait at
+    most the deadline, and the loop's default executor stays free (issue 40)."""
+    from tools.host_calls import HostCalls
+
+    RELEASE.clear()
+    registry = Registry(HostCalls(threads=1, deadline_s=0.3))
+    registry.register(hangs)
+    registry.register(greet)
+    try:
+        first = await registry.call("hangs", {}, ctx)
+        assert not first.ok and first.meta["error"] == "deadline"
+        assert "did not finish within 0.3 s" in first.output and "turn goes on" in first.output
+        queued = await registry.call("greet", {"name": "x"}, ctx)  # the one slot is still held
+        assert not queued.ok and queued.meta["error"] == "deadline"
+        assert await asyncio.to_thread(lambda: "free") == "free"  # the bot's executor
+    finally:
+        RELEASE.set()
+    for _ in range(100):  # the abandoned call ends and gives its slot back
+        done = await registry.call("greet", {"name": "x"}, ctx)
+        if done.ok:
+            break
+    assert done.ok and done.output.startswith("hi x x1") and "tool greet" in done.output

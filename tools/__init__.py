@@ -26,16 +26,19 @@ import logging
 import time
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from tools.host_calls import HostCalls, HostCallTimeout
 from tools.schema import (  # noqa: F401 - ToolError is re-exported
     ArgumentError, ToolError, check_value, is_optional, json_type, parse_docstring, type_word,
 )
 
 if TYPE_CHECKING:
     from sandbox.paths import Workspace
+    from sandbox.process import Sandbox
+    from tools.filelocks import FileLocks
     from tools.journal import Journal
 
 logger = logging.getLogger("nightshift.tools")
@@ -68,13 +71,34 @@ class ToolResult:
 
 
 @dataclass
+class Services:
+    """What the bot lends the tools beyond a channel's workspace, one typed field each;
+    a field left at its default means the bot runs without that service. The shared
+    ones (the sandbox, notes, the board, the locks, the job slots) are one object for
+    every channel; ``jobs_runner``, ``jobs`` and ``outbox`` are the channel's own."""
+
+    sandbox: Sandbox | None = None  # where code runs (tools.programs makes one if None)
+    notes: Any = None  # tools.notes.NoteStore: the notes of every channel
+    shared_notes_channels: frozenset[str] = frozenset()  # channels that see shared notes
+    board: Any = None  # tools.board.Board: the swarms' shared board
+    file_locks: FileLocks | None = None  # swarm members writing one workspace
+    job_slots: Any = None  # tools.jobs.JobSlots: background jobs per channel and in all
+    jobs_runner: Any = None  # tools.jobs.JobRunner: this channel's (python_jobs.job_runner)
+    jobs: Callable[[], list[dict]] | None = None  # this channel's jobs, for the health tool
+    vision: bool = False  # the model sees images attached to a message
+    image_cache: Path | None = None  # where viewed images are kept, by hash
+    workspace_quota_bytes: int | None = None  # the journal refuses writes past it
+    outbox: list[str] | None = None  # files to send with this turn's reply
+
+
+@dataclass
 class ToolContext:
     """What a tool may touch: one channel's workspace, journal and private state.
 
     ``state_dir`` lies outside the workspace, so nothing the agent runs can
     rewrite its own journal or system-prompt section behind the tools' back.
-    Services later tools need (sending a file, a status line, an embedder)
-    are injected here; ``services`` holds any others by name.
+    Sending a file, a status line and the embedder are fields of their own; every
+    other service the bot lends is a typed field of ``services``.
     """
 
     channel: str
@@ -84,19 +108,27 @@ class ToolContext:
     send_file: Callable[..., Any] | None = None
     status: Callable[..., Any] | None = None
     embedder: Any = None
-    services: dict[str, Any] = field(default_factory=dict)
+    services: Services = field(default_factory=Services)
 
     @classmethod
-    def open(cls, channel: str, workspace: Workspace, state_dir: Path, **services: Any) -> ToolContext:
-        """A context with the channel's journal loaded from ``state_dir``."""
+    def open(cls, channel: str, workspace: Workspace, state_dir: Path,
+             services: Services | None = None, *, send_file: Callable[..., Any] | None = None,
+             status: Callable[..., Any] | None = None, embedder: Any = None,
+             **named: Any) -> ToolContext:
+        """A context with the channel's journal loaded from ``state_dir``. ``named``
+        sets fields of ``services`` (a copy: a channel's own fields stay its own); an
+        unknown name is a TypeError that says which."""
         from tools.journal import Journal
 
+        unknown = sorted(set(named) - {f.name for f in fields(Services)})
+        if unknown:
+            raise TypeError(f"unknown tool service(s) {', '.join(unknown)}; "
+                            f"the services are {', '.join(f.name for f in fields(Services))}")
+        services = replace(services or Services(), **named)
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        # The workspace's disk quota (bytes), if the bot set one: the journal refuses writes past it.
-        journal = Journal(state_dir, workspace.root, quota_bytes=services.get("workspace_quota_bytes"))
-        known = {k: services.pop(k) for k in ("send_file", "status", "embedder") if k in services}
-        return cls(channel, workspace, journal, state_dir, services=services, **known)
+        journal = Journal(state_dir, workspace.root, quota_bytes=services.workspace_quota_bytes)
+        return cls(channel, workspace, journal, state_dir, send_file, status, embedder, services)
 
 
 @dataclass(frozen=True)
@@ -193,9 +225,11 @@ def tool(fn: Callable[..., Any]) -> Tool:
 class Registry:
     """Every tool the agent may call, by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: HostCalls | None = None) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: list[dict] | None = None
+        # Sync tools run there: bounded threads of their own, a deadline per call.
+        self.host = host or HostCalls()
 
     def register(self, t: Tool) -> None:
         if t.name in self._tools:
@@ -245,9 +279,12 @@ class Registry:
             if t.is_async:
                 output = await t.fn(ctx, **kwargs)
             else:
-                output = await asyncio.to_thread(t.fn, ctx, **kwargs)
+                output = await self.host.run(t.fn, ctx, **kwargs)
         except asyncio.CancelledError:
             raise
+        except HostCallTimeout as exc:
+            return _error("deadline", f"{name}: {exc}, so it was abandoned and your turn goes "
+                                      "on; ask for less (a narrower path or pattern)")
         except OSError as exc:
             return _error("refused", f"{name}: {_describe_os_error(exc, ctx)}")
         except ValueError as exc:  # ToolError, PathEscape, JournalConflict, ...

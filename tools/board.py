@@ -130,7 +130,7 @@ class Board:
 
 
 def _board(ctx: ToolContext) -> Board:
-    board = ctx.services.get("board")
+    board = ctx.services.board
     if board is None:
         raise NotAMember("there is no swarm board in this bot (no swarms are configured)")
     return board

@@ -33,7 +33,7 @@ class FileLocks:
 
 @contextmanager
 def locked(ctx: Any, path: Path) -> Iterator[None]:
-    locks = ctx.services.get("file_locks")
+    locks = ctx.services.file_locks
     if locks is None:
         yield
         return

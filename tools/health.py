@@ -2,7 +2,7 @@
 
 Memory and disk come from psutil and the workspace's file system; the
 embedder, background jobs and model server are whatever the bot injected
-(``ctx.embedder``, ``ctx.services["jobs"]``, ``ctx.status``). A service that
+(``ctx.embedder``, ``ctx.services.jobs``, ``ctx.status``). A service that
 fails to answer is reported as such: health must work best exactly when
 something is broken.
 """
@@ -43,7 +43,7 @@ def _fields(item: Any) -> str:
 
 
 def _jobs(ctx: ToolContext) -> str:
-    runner = ctx.services.get("jobs")
+    runner = ctx.services.jobs
     if not callable(runner):
         return "jobs: no job runner"
     try:
@@ -69,7 +69,7 @@ def _server(ctx: ToolContext) -> str:
 
 
 def _notes(ctx: ToolContext) -> str:
-    store = ctx.services.get("notes")
+    store = ctx.services.notes
     if store is None:
         return "notes: not enabled"
     try:

@@ -61,7 +61,7 @@ _SETTLE_S = 0.2
 class JobSlots:
     """Caps on the jobs running at once, per channel and over all channels together.
 
-    One instance is shared by every channel's runner (``ctx.services["job_slots"]``):
+    One instance is shared by every channel's runner (``ctx.services.job_slots``):
     without it, each channel could start jobs until the machine gave out."""
 
     def __init__(self, per_channel: int, total: int) -> None:

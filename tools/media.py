@@ -12,11 +12,11 @@ The parsing itself is in ``tools.parsers``.
 
 Images for training: every image the agent views is first copied into an
 immutable, content-addressed cache outside the workspace
-(``ctx.services["image_cache"]``, named ``<sha256><ext>``, read-only, never
+(``ctx.services.image_cache``, named ``<sha256><ext>``, read-only, never
 overwritten), and the result's ``meta["image"]`` records the hash and cache
 path. The night then trains on exactly the pixels the agent saw, even if the
 workspace file was edited or deleted since. Whether the model can see the
-image is ``ctx.services["vision"]``: with vision the agent attaches the
+image is ``ctx.services.vision``: with vision the agent attaches the
 cached image to the conversation; without it, the tool describes the file.
 """
 
@@ -128,7 +128,7 @@ def cache_image(cache_dir: Path, data: bytes, extension: str) -> tuple[str, Path
 
 
 def _cache_dir(ctx: ToolContext) -> Path:
-    configured = ctx.services.get("image_cache")
+    configured = ctx.services.image_cache
     if configured is None:
         raise ToolError("viewing images is not enabled in this bot (no image cache is configured)")
     cache_dir = Path(configured).resolve()
@@ -168,7 +168,7 @@ def view_image(ctx: ToolContext, path: str) -> ToolResult:
                       "width": width, "height": height,
                       "path": ctx.workspace.relative(ctx.workspace.resolve(path)),
                       "bytes": len(data)}}
-    if ctx.services.get("vision"):
+    if ctx.services.vision:
         text = (f"{path} ({kind}, {width}x{height} pixels, {human_size(len(data))}) is "
                 "attached for you to view")
     else:

@@ -8,7 +8,7 @@ model from the internet. A note is embedded as its title and text together,
 so a search matches either; the text alone is stored as the document.
 
 Shared notes are opt-in per channel: only channels listed in
-``ctx.services["shared_notes_channels"]`` (``agent.shared_notes_channels``)
+``ctx.services.shared_notes_channels`` (``agent.shared_notes_channels``)
 read, write or delete them; every other channel, DMs included, sees only its
 own notes, so nothing leaks between channels by default. Shared notes
 remember which channel wrote them: only that channel may delete one, so one
@@ -220,7 +220,7 @@ def _note(note_id: str, text: str | None, meta: dict | None, scope: str,
 
 
 def _store(ctx: ToolContext) -> NoteStore:
-    store = ctx.services.get("notes")
+    store = ctx.services.notes
     if store is None:
         raise ToolError("notes are not enabled in this bot; keep notes in files instead "
                         "(write_file), or in your system-prompt section (update_sys)")
@@ -229,7 +229,7 @@ def _store(ctx: ToolContext) -> NoteStore:
 
 def _shared_ok(ctx: ToolContext) -> bool:
     """Whether this channel opted in to the notes shared between channels."""
-    return ctx.channel in ctx.services.get("shared_notes_channels", ())
+    return ctx.channel in ctx.services.shared_notes_channels
 
 
 def _when(created: float) -> str:

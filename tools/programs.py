@@ -1,7 +1,7 @@
 """Running the agent's programs (Python, git) in the sandbox, and journaling what they change.
 
 Tools never start a process themselves: they go through the ``Sandbox`` the
-bot injected as ``ctx.services["sandbox"]`` (a default ``Sandbox()`` when
+bot injected as ``ctx.services.sandbox`` (a default ``Sandbox()`` when
 none was), and a missing bubblewrap becomes a refusal that says how to fix it.
 
 A program's file changes cannot go through a journal ``Transaction``: that
@@ -66,9 +66,9 @@ Found = dict[str, tuple]  # rel -> ("dir",) | ("link", target) | ("file", Sig)
 
 def sandbox_of(ctx: ToolContext) -> Sandbox:
     """The channel's sandbox: the injected one, else a default made once and kept."""
-    box = ctx.services.get("sandbox")
+    box = ctx.services.sandbox
     if box is None:
-        box = ctx.services["sandbox"] = Sandbox()
+        box = ctx.services.sandbox = Sandbox()
     return box
 
 

@@ -13,8 +13,8 @@ workspace as one journal entry, so ``undo`` reverts it; see tools.programs
 for how, and for what is not recorded.
 
 Background jobs belong to the channel's ``JobRunner`` (tools.jobs), kept in
-``ctx.services["jobs_runner"]``; ``job_runner(ctx)`` makes it on first use and
-also sets ``ctx.services["jobs"]`` for the health tool. The bot calls
+``ctx.services.jobs_runner``; ``job_runner(ctx)`` makes it on first use and
+also sets ``ctx.services.jobs`` for the health tool. The bot calls
 ``await runner.close()`` at shutdown. A job's file changes are not journaled.
 """
 
@@ -46,12 +46,13 @@ STDERR_CHARS = 4000
 
 def job_runner(ctx: ToolContext) -> JobRunner:
     """The channel's job runner, made (and its jobs recovered) on first use."""
-    runner = ctx.services.get("jobs_runner")
+    runner = ctx.services.jobs_runner
     if runner is None:
         runner = JobRunner(ctx.workspace, ctx.state_dir, sandbox_of(ctx),
-                           slots=ctx.services.get("job_slots"))
-        ctx.services["jobs_runner"] = runner
-        ctx.services.setdefault("jobs", runner.summary)
+                           slots=ctx.services.job_slots)
+        ctx.services.jobs_runner = runner
+        if ctx.services.jobs is None:
+            ctx.services.jobs = runner.summary
     return runner
 
 

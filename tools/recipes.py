@@ -2,8 +2,10 @@
 
 A recipe is a reusable prompt, command line or snippet. Placeholders are
 plain names (``{city}``); ``{{`` and ``}}`` stand for literal braces. Positional
-(``{}``), attribute (``{a.b}``) and index (``{a[0]}``) fields are refused, so
-filling a recipe is plain substitution and nothing else.
+(``{}``), attribute (``{a.b}``) and index (``{a[0]}``) fields are refused, and so
+are format specs and conversions (``{x:>100000000}`` asked for a 100 MB string):
+filling a recipe is plain substitution and nothing else, its result capped at
+``MAX_FILLED_CHARS`` before it is built.
 
 Recipes live in the channel's state dir (``recipes.json``), outside the
 workspace, written by temp file and ``os.replace``. They are not part of the
@@ -24,6 +26,7 @@ from tools.fsroot import atomic_write
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_TEMPLATE_CHARS = 20_000
 MAX_RECIPES = 200
+MAX_FILLED_CHARS = 100_000
 
 
 def template_params(template: str) -> list[str]:
@@ -33,15 +36,16 @@ def template_params(template: str) -> list[str]:
         fields = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ToolError(f"the template is malformed ({exc}); write literal braces as {{{{ and }}}}") from None
-    for _, field, spec, _ in fields:
+    for _, field, spec, conversion in fields:
         if field is None:
             continue
         if not field.isidentifier():
             raise ToolError(f"placeholder {{{field}}} is not a plain name; use names like {{city}} "
                             f"(letters, digits, _), and {{{{ }}}} for literal braces")
-        if spec and "{" in spec:
-            raise ToolError(f"placeholder {{{field}:{spec}}} nests another placeholder; "
-                            f"that is not supported")
+        if spec or conversion:
+            shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise ToolError(f"placeholder {{{shown}}} has a format spec or conversion; recipes "
+                            f"only substitute: write {{{field}}} and put the text in the value")
         if field not in names:
             names.append(field)
     return names
@@ -132,10 +136,21 @@ def fill_recipe(ctx: ToolContext, name: str, values_json: str = "{}") -> str:
         raise ToolError(f"recipe {name!r} takes {', '.join(params) or 'no parameters'}; "
                         f"{' and '.join(problems)}")
     text_values = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
-    try:
-        return string.Formatter().vformat(recipe["template"], (), text_values)
-    except ValueError as exc:  # a format spec that does not fit a string value, e.g. {n:05d}
-        raise ToolError(f"recipe {name!r} could not be filled: {exc}") from None
+    return substitute(name, recipe["template"], text_values)
+
+
+def substitute(name: str, template: str, values: dict[str, str]) -> str:
+    """The template with each placeholder replaced by its value, measured before it is
+    built. A recipe saved before specs were refused is checked again here."""
+    pieces = list(string.Formatter().parse(template))
+    template_params(template)  # a spec or conversion stored earlier: refused, never run
+    size = sum(len(text) + (len(values[field]) if field is not None else 0)
+               for text, field, _, _ in pieces)
+    if size > MAX_FILLED_CHARS:
+        raise ToolError(f"recipe {name!r} filled would be {size} characters; the limit is "
+                        f"{MAX_FILLED_CHARS}: use shorter values")
+    return "".join(text + (values[field] if field is not None else "")
+                   for text, field, _, _ in pieces)
 
 
 @tool

@@ -27,6 +27,7 @@ from tools.fsroot import DIR_FLAGS, FsRoot
 from tools.parsers import SKIPPED_DIRS, walk
 
 MAX_GLOB_RESULTS = 200
+MAX_GLOB_PARTS = 32  # folder levels a pattern may name (repeated ** count once)
 MAX_TREE_LINES = 300
 MAX_PATTERN_CHARS = 1000
 # A real Python file is rarely over 1 MiB; its syntax tree takes about 400 bytes per byte.
@@ -74,6 +75,10 @@ def glob(ctx: ToolContext, pattern: str) -> str:
         raise ToolError(f"the pattern must be relative to your workspace, without '..': {pattern!r}")
     if not parts:
         raise ToolError("the pattern is empty; try '*' or '**/*.py'")
+    # "**/**" matches what "**" does: collapsed, so repeats cost nothing.
+    parts = [p for i, p in enumerate(parts) if not (p == "**" and i and parts[i - 1] == "**")]
+    if len(parts) > MAX_GLOB_PARTS:
+        raise ToolError(f"the pattern has {len(parts)} parts; at most {MAX_GLOB_PARTS}")
     found: list[str] = []
     dir_fd = ctx.workspace.open(".", os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -93,12 +98,31 @@ def glob(ctx: ToolContext, pattern: str) -> str:
 
 
 def _match(names: list[str], parts: list[str]) -> bool:
-    """Whether path components match pattern components, with ** spanning any number of them."""
-    if not parts:
-        return not names
-    if parts[0] == "**":
-        return any(_match(names[i:], parts[1:]) for i in range(len(names) + 1))
-    return bool(names) and fnmatch.fnmatchcase(names[0], parts[0]) and _match(names[1:], parts[1:])
+    """Whether path components match pattern components, with ** spanning any number of
+    them. One pass over the names, keeping the set of pattern positions reached: at most
+    len(names) x len(parts) comparisons, where trying every split of each ** was
+    exponential in their number (40 of them on a 10-deep tree never returned)."""
+    def closed(reached: set[int]) -> set[int]:  # a ** may match no folder at all
+        for j in sorted(reached):
+            while j < len(parts) and parts[j] == "**":
+                j += 1
+                reached.add(j)
+        return reached
+
+    reached = closed({0})
+    for name in names:
+        after = set()
+        for j in reached:
+            if j == len(parts):
+                continue
+            if parts[j] == "**":
+                after.add(j)  # it takes this folder too, and may take more
+            elif fnmatch.fnmatchcase(name, parts[j]):
+                after.add(j + 1)
+        reached = closed(after)
+        if not reached:
+            return False
+    return len(parts) in reached
 
 
 @tool

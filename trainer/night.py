@@ -8,8 +8,10 @@ the stored prefix, then the episode), or from its own messages where none is sto
 
 Rewards (``trainer.rewards``): a stored check's reward or a person's label
 rules its episode; the judge's sub-tasks count everywhere else. The judge
-reads every episode anyway, and the night reports its agreement with the
-labels and checks (``NightResult.agreement``, also in the manifest).
+also reads, blind, every channel day with a labelled episode and a sample of
+the days whose episodes a check rewarded (``_to_judge``), and the night reports
+its agreement with the labels and checks (``NightResult.agreement``, also in
+the manifest).
 
 Every finished work item (a judged or skipped window, a prediction, an
 understanding score) is written to the store's night ledger as soon as it is

@@ -55,8 +55,8 @@ async def state(rt) -> tuple:
     jobs = [(j["kind"], j["state"]) for j in await rt.store.jobs()]
     releases = [(r["id"], r["state"]) for r in await rt.store.releases()]
     sections = sorted(p.read_text() for p in rt.config.data_dir.glob("channels/*/system*"))
-    notes = rt.spaces.services["notes"]
-    board = rt.spaces.services.get("board")
+    notes = rt.spaces.services.notes
+    board = rt.spaces.services.board
     return (jobs, releases, labels, steps, rt.supervisor.restarts, sections,
             notes.count("c1"), len(board.read("s1") if board else []),
             sorted(os.listdir(rt.config.data_dir)))

@@ -227,7 +227,7 @@ async def _file_tools(tally: Tally, host: Host) -> None:
         async def attempt(name=name, arguments=arguments):
             result = await host.rt.registry.call(name, arguments, host.rt.spaces.context(CHANNEL))
             leaked = host.secret in result.output or neighbour in result.output
-            outbox = host.rt.spaces.context(CHANNEL).services.get("outbox") or []
+            outbox = host.rt.spaces.context(CHANNEL).services.outbox or []
             sent_out = any(Path(p).resolve() == host.secret_path.resolve() for p in outbox)
             return not leaked and not sent_out, f"ok={result.ok}: {result.output[:200]!r}"
 

@@ -145,7 +145,7 @@ def assistant_message(reply: Reply) -> dict:
 
 def outbox_files(ctx: Any) -> list[str]:
     """Files the agent asked to send during the turn (``send_file``), drained once."""
-    outbox = getattr(ctx, "services", {}).get("outbox")
+    outbox = ctx.services.outbox if hasattr(ctx, "services") else None
     if not outbox:
         return []
     files = list(outbox)

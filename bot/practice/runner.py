@@ -210,7 +210,7 @@ async def _demonstrate(services: PracticeServices, agent: Agent, pset: PracticeS
     if isinstance(shown, str):
         logger.warning("the reference of %s cannot be shown: %s", task.id, shown)
         return False
-    verdict = await judge(task, task.reference, ctx.workspace, ctx.services["sandbox"],
+    verdict = await judge(task, task.reference, ctx.workspace, ctx.services.sandbox,
                           services.config.practice.check_timeout_s)
     if verdict.reward != 1.0:
         logger.warning("the reference of %s fails its own check: %s", task.id, verdict.why)
@@ -233,7 +233,7 @@ async def attempt_verdict(services: PracticeServices, channel: str, task: Task,
             return Verdict(None, f"the turn ended {status}: {result.reply[:200]}")
         return Verdict(0.0, STOPPED)  # no final answer: a failure, not an unknown
     ctx = services.context(channel)
-    return await judge(task, result.reply, ctx.workspace, ctx.services["sandbox"],
+    return await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
                        services.config.practice.check_timeout_s)
 
 

@@ -192,7 +192,7 @@ class Round:
             return str(exc)
         ctx = self.rt.context(f"selfplay-{self.run}-r{self.number}-check"
                                      f"{self.outcome.tries}")
-        task, sandbox = proposal.task(), ctx.services["sandbox"]
+        task, sandbox = proposal.task(), ctx.services.sandbox
         timeout = self.rt.config.practice.check_timeout_s
         dummy = await judge(task, DUMMY_ANSWER, ctx.workspace, sandbox, timeout)
         if not dummy.judged and dummy.why.startswith(CANNOT_RUN):
