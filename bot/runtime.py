@@ -211,7 +211,7 @@ def _schedule(rt: Runtime, clock: Callable[[], datetime] | None = None) -> Sleep
 
     async def pending() -> int:
         done = await rt.store.jobs("sleep", ["done"])
-        return len(await rt.store.episodes_since(done[-1]["updated_at"] if done else 0.0))
+        return await rt.store.count_episodes_since(done[-1]["updated_at"] if done else 0.0)
 
     async def start_night(reason: str) -> str:
         return await admin.sleep(rt.store, rt.night, rt.agent, f"the schedule ({reason})",

@@ -54,6 +54,8 @@ from core.model.wire import call_head, needs_tool_choice, server_messages
 logger = logging.getLogger("nightshift.llm")
 
 _HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer local"}
+MAX_REPLY_CHARS = 200_000  # a reply's text past this is cut: no context holds more
+PARSE_ON_LOOP_BYTES = 256 * 1024  # a longer answer is parsed in a thread, not on the loop
 
 
 class ServerError(Exception):
@@ -265,7 +267,10 @@ class LLM:
                     raise LLMError(
                         f"the model server refused the request: {status} {_error_text(data)}",
                         attempts=attempt, status_code=status)
-                return _reply(data, (time.monotonic() - started) * 1000, attempt)
+                took = (time.monotonic() - started) * 1000
+                if len(data) > PARSE_ON_LOOP_BYTES:  # a long answer is parsed off the loop
+                    return await asyncio.to_thread(_reply, data, took, attempt)
+                return _reply(data, took, attempt)
         raise AssertionError("unreachable")
 
     async def _post(self, url: str, body: bytes) -> tuple[int, bytes]:
@@ -315,32 +320,60 @@ def _after(first: Reply, second: Reply) -> Reply:
 
 
 def _reply(data: bytes, duration_ms: float, attempt: int) -> Reply:
+    """The server's answer as a Reply; LLMError, saying what is wrong, for one that does not
+    have the shape of a chat completion (a server that lies must not raise KeyError or
+    TypeError into a turn). Content past ``MAX_REPLY_CHARS`` is cut, saying so."""
     try:
         completion = json.loads(data)
         choice = completion["choices"][0]
         message = choice["message"]
+        if not isinstance(message, dict):
+            raise TypeError("the message is not an object")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise LLMError(f"the model server answered with no readable choice: "
                        f"{_error_text(data)}", attempts=attempt) from exc
-    tool_calls = [
-        {
-            "id": call.get("id"),
-            "type": "function",
-            "function": {"name": call["function"]["name"],
-                         "arguments": call["function"].get("arguments", "")},
-        }
-        for call in message.get("tool_calls") or []
-    ]
-    usage = completion.get("usage") or {}
+    try:
+        tool_calls = [_tool_call(call) for call in message.get("tool_calls") or []]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise LLMError(f"the model server answered with a malformed tool call ({exc}): "
+                       f"{_error_text(data)}", attempts=attempt) from exc
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise LLMError(f"the model server answered with content that is not text: "
+                       f"{_error_text(data)}", attempts=attempt)
+    if len(content) > MAX_REPLY_CHARS:
+        cut = len(content) - MAX_REPLY_CHARS
+        content = content[:MAX_REPLY_CHARS] + f"\n[... {cut} more characters cut]"
+    usage = completion.get("usage") if isinstance(completion.get("usage"), dict) else {}
     return Reply(
-        content=message.get("content") or "",
+        content=content,
         tool_calls=tool_calls,
-        finish_reason=choice.get("finish_reason"),
-        prompt_tokens=usage.get("prompt_tokens") or 0,
-        completion_tokens=usage.get("completion_tokens") or 0,
+        finish_reason=str(choice.get("finish_reason") or "") or None,
+        prompt_tokens=_count(usage.get("prompt_tokens")),
+        completion_tokens=_count(usage.get("completion_tokens")),
         duration_ms=duration_ms,
-        model=completion.get("model") or "",
+        model=str(completion.get("model") or ""),
     )
+
+
+def _tool_call(call: Any) -> dict:
+    """One tool call in OpenAI's shape, checked: a name that is text, arguments that are
+    text (an object is written as JSON)."""
+    function = call["function"]
+    name, arguments = function["name"], function.get("arguments", "")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a call without a name")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments)
+    if not isinstance(arguments, str):
+        raise ValueError(f"arguments of {name} are {type(arguments).__name__}, not text")
+    call_id = call.get("id")
+    return {"id": call_id if isinstance(call_id, str) else None, "type": "function",
+            "function": {"name": name, "arguments": arguments}}
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _error_text(data: bytes) -> str:

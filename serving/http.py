@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 IDLE_S = 4.0  # under uvicorn's 5 s keep-alive timeout
 MAX_HEAD = 64 * 1024  # the status line and headers
-MAX_BODY = 64 * 1024 * 1024  # a chat answer is kilobytes; this only stops a runaway
+MAX_BODY = 16 * 1024 * 1024  # a chat answer is kilobytes; this only stops a runaway
 
 
 class TransportError(ConnectionError):

@@ -23,3 +23,38 @@ def test_the_body_is_the_params_as_json_with_the_tool_list_cached_per_list():
     assert json.loads(llm._body({**params, "tools": other}))["tools"] == other
     assert len(llm._tools_json) == 2
     assert json.loads(llm._body({"model": "m", "messages": []})) == {"model": "m", "messages": []}
+
+
+def _answer(message) -> bytes:
+    return json.dumps({"choices": [{"message": message, "finish_reason": "stop"}],
+                       "model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+                      ).encode()
+
+
+def test_a_lying_servers_answers_are_llm_errors_not_key_or_type_errors():
+    """Malformed tool calls raised KeyError or TypeError out of the client (issue 40)."""
+    import pytest
+
+    from serving.client import LLMError, _reply
+
+    for message, why in (
+            ({"tool_calls": [{"function": {}}]}, "malformed tool call"),
+            ({"tool_calls": ["x"]}, "malformed tool call"),
+            ({"tool_calls": [{"function": {"name": 3}}]}, "malformed tool call"),
+            ({"tool_calls": [{"function": {"name": "f", "arguments": [1]}}]}, "not text"),
+            ({"content": {"a": 1}}, "content that is not text"),
+            ("a string", "no readable choice")):
+        with pytest.raises(LLMError, match=why):
+            _reply(_answer(message), 1.0, 1)
+    ok = _reply(_answer({"tool_calls": [{"id": 7, "function": {"name": "f",
+                                                                "arguments": {"a": 1}}}]}), 1, 1)
+    assert ok.tool_calls == [{"id": None, "type": "function",
+                              "function": {"name": "f", "arguments": '{"a": 1}'}}]
+
+
+def test_a_reply_past_the_cap_is_cut_saying_so():
+    from serving.client import MAX_REPLY_CHARS, _reply
+
+    reply = _reply(_answer({"content": "x" * (MAX_REPLY_CHARS + 10)}), 1.0, 1)
+    assert reply.content.endswith("[... 10 more characters cut]")
+    assert len(reply.content) < MAX_REPLY_CHARS + 40 and reply.prompt_tokens == 3

@@ -138,6 +138,12 @@ async def test_episodes_since_filters_by_time_and_channel_and_carries_labels(sto
     assert dev[0].status == "aborted" and dev[0].ended_at >= cutoff
     assert dev[1].labels == ["accepted", "verified"]
     assert [s.content for s in dev[1].steps] == ["today"]
+    # Counted by SQLite, as the schedule counts them, the same episodes.
+    assert await store.count_episodes_since(cutoff) == 3
+    assert await store.count_episodes_since(0) == 4
+    assert await store.episode_status(straddling) == "aborted"
+    assert await store.episode_status(elsewhere) == "open"
+    assert await store.episode_status(10_000) is None
     assert dev[1].status == "open" and dev[1].ended_at is None
     assert dev[1].model_version == "night-1"
     assert len(await store.episodes_since(0)) == 4

@@ -227,8 +227,7 @@ async def attempt_verdict(services: PracticeServices, channel: str, task: Task,
     """An attempt's verdict: its check on a final answer; 0 for a turn stopped by a limit;
     unjudged for a harness or server error (self-play's solvers use it too)."""
     if not result.ok:
-        episodes = await services.store.episodes_since(0, channel)
-        status = next((e.status for e in episodes if e.id == result.episode_id), "errored")
+        status = await services.store.episode_status(result.episode_id) or "errored"
         if status != "aborted":  # a server or harness error says nothing about the model
             return Verdict(None, f"the turn ended {status}: {result.reply[:200]}")
         return Verdict(0.0, STOPPED)  # no final answer: a failure, not an unknown

@@ -289,8 +289,7 @@ class Round:
             "try": attempt})
 
     async def _status(self, channel: str, episode: int) -> str:
-        episodes = await self.rt.store.episodes_since(0, channel)
-        return next((e.status for e in episodes if e.id == episode), "errored")
+        return await self.rt.store.episode_status(episode) or "errored"
 
 
 def proposer_channel(run: int) -> str:

@@ -302,6 +302,19 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         await self._expand_tool_sets(list(episodes.values()))
         return list(episodes.values())
 
+    async def count_episodes_since(self, since: float) -> int:
+        """How many episodes ``episodes_since(since)`` would return, counted by SQLite:
+        the sleep schedule asks every few seconds, and loading a whole day's steps on
+        the event loop to count them grew with the day."""
+        rows = await self._fetch("SELECT COUNT(*) FROM episodes WHERE started_at >= ? "
+                                 "OR ended_at >= ?", (since, since))
+        return int(rows[0][0])
+
+    async def episode_status(self, episode_id: int) -> str | None:
+        """One episode's status ("open", "complete", ...), or None when there is none."""
+        rows = await self._fetch("SELECT status FROM episodes WHERE id = ?", (episode_id,))
+        return rows[0]["status"] if rows else None
+
     async def add_label(self, episode_id: int, label: str, source: str,
                         user_id: int | None = None) -> None:
         """Attach a label; ``source`` says how it was given (reaction, admin, verifier),
