@@ -78,12 +78,14 @@ async def test_notes_wipe_needs_the_literal_word_confirm(rt):
     assert await rt.store.episodes_since(0) == []  # the wipe is no agent turn
 
 
-async def test_health_reports_notes_and_duplicates_per_channel(rt):
+async def test_health_reports_this_channels_notes_only(rt):
+    """It showed every channel's counts, dm-<user id> included, to any channel (issue 40)."""
     result = await rt.registry.call("health", {}, rt.spaces.context("c1"))
     assert result.ok
     line = next(line for line in result.output.splitlines() if line.startswith("notes"))
-    assert line == ("notes per channel (duplicates at similarity >= 0.9): "
-                    "c1: 3 (1 duplicates), c2: 1 (0 duplicates)")
+    assert line == "notes in this channel: 3 (1 duplicates at similarity >= 0.9)"
+    other = await rt.registry.call("health", {}, rt.spaces.context("c2"))
+    assert "notes in this channel: 1 (0 duplicates" in other.output and "c1" not in other.output
 
 
 async def test_the_weekly_cleaning_visits_every_channel_with_notes(rt):

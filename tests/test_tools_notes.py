@@ -169,3 +169,17 @@ async def test_an_empty_store_answers_searches_and_lists_helpfully(tmp_path, sto
     ctx = context(tmp_path, "general", notes=store)
     assert "no notes yet" in await ok(ctx, "note_list")
     assert "no notes yet" in await ok(ctx, "note_search", query="anything")
+
+
+def test_near_duplicates_are_found_across_comparison_blocks_and_not_past_the_cap():
+    import numpy as np
+
+    from tools.notes import MAX_DUPLICATE_SCAN, _similar_groups
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(600, 16))
+    vectors[450] = vectors[10]  # a pair 440 rows apart: in different blocks of 256
+    groups = _similar_groups([str(i) for i in range(600)], vectors, 0.999)
+    assert groups == [["10", "450"]]
+    many = np.ones((MAX_DUPLICATE_SCAN + 1, 4))
+    assert _similar_groups([str(i) for i in range(len(many))], many, 0.5) == []

@@ -13,6 +13,7 @@ import shutil
 from typing import Any
 
 from tools import ToolContext, tool
+from tools.notes import MAX_DUPLICATE_SCAN
 from tools.sizes import human_size
 
 MAX_JOBS_SHOWN = 20
@@ -69,24 +70,28 @@ def _server(ctx: ToolContext) -> str:
 
 
 def _notes(ctx: ToolContext) -> str:
+    """This channel's notes only (and the shared ones when it opted in): another channel's,
+    a DM's included, are not this channel's to see."""
     store = ctx.services.notes
     if store is None:
         return "notes: not enabled"
     try:
-        stats = store.stats()
+        own = store.count(ctx.channel, include_shared=False)
+        duplicates = (f"{sum(len(g) - 1 for g in store.duplicate_groups(ctx.channel))} "
+                      f"duplicates at similarity >= {store.duplicate_similarity}"
+                      if own <= MAX_DUPLICATE_SCAN else
+                      f"duplicates not counted over {MAX_DUPLICATE_SCAN} notes")
+        shared = (f"; shared notes: {store.count(ctx.channel) - own}"
+                  if ctx.channel in ctx.services.shared_notes_channels else "")
     except Exception as exc:  # as for jobs: report it, keep going
         return f"notes: the note store did not answer ({type(exc).__name__}: {exc})"
-    if not stats:
-        return "notes: none yet"
-    parts = [f"{s['channel']}: {s['notes']} ({s['duplicates']} duplicates)" for s in stats]
-    return (f"notes per channel (duplicates at similarity >= {store.duplicate_similarity}): "
-            + ", ".join(parts))
+    return f"notes in this channel: {own} ({duplicates}){shared}"
 
 
 @tool
 def health(ctx: ToolContext) -> str:
-    """Check the machine and the bot: free memory and disk, the embedder, notes per channel
-    (and their duplicates), background jobs and the model server."""
+    """Check the machine and the bot: free memory and disk, the embedder, this channel's
+    notes (and their duplicates), background jobs and the model server."""
     embedder = "loaded" if ctx.embedder is not None else "not loaded (notes search is off)"
     return "\n".join([_memory(), _disk(ctx), f"embedder: {embedder}", _notes(ctx), _jobs(ctx),
                       _server(ctx)])

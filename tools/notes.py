@@ -180,15 +180,23 @@ def collection_name(channel: str) -> str:
     return f"ch-{slug}-{digest}"
 
 
+MAX_DUPLICATE_SCAN = 2000  # notes past this in one channel are not compared pairwise
+
+
 def _similar_groups(ids: list[str], embeddings: Any, threshold: float) -> list[list[str]]:
-    """Groups (of 2+) of ids linked by cosine similarity >= threshold, in first-seen order."""
+    """Groups (of 2+) of ids linked by cosine similarity >= threshold, in first-seen order.
+    Compared in blocks of rows, never as one N x N matrix, and not at all past
+    ``MAX_DUPLICATE_SCAN`` notes (no groups then: the caller says so)."""
     import numpy as np
 
-    if len(ids) < 2:
+    if len(ids) < 2 or len(ids) > MAX_DUPLICATE_SCAN:
         return []
     vectors = np.asarray(embeddings, dtype=np.float32)
     vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    similar = vectors @ vectors.T >= threshold  # (N, N)
+    near: list[list[int]] = []
+    for start in range(0, len(ids), 256):
+        block = vectors[start:start + 256] @ vectors.T >= threshold  # (<=256, N)
+        near.extend([int(k) for k in np.flatnonzero(row)] for row in block)
     group_of: dict[int, int] = {}
     groups: list[list[int]] = []
     for i in range(len(ids)):
@@ -201,7 +209,7 @@ def _similar_groups(ids: list[str], embeddings: Any, threshold: float) -> list[l
                 continue
             group_of[j] = len(groups)
             group.append(j)
-            todo.extend(int(k) for k in np.flatnonzero(similar[j]) if int(k) not in group_of)
+            todo.extend(k for k in near[j] if k not in group_of)
         groups.append(sorted(group))
     return [[ids[j] for j in g] for g in groups if len(g) > 1]
 

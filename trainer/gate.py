@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from core.config import Config
+from core.config import Config, NightConfig
 from core.model.chat_format import resolve_async
 from core.model.shim import patch_handlers
 from core.storage.store import Store
@@ -70,14 +70,17 @@ PLAIN = re.compile(r"[a ]*[.!?]?")  # an opening of words alone: no format
 Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
 
+_NIGHT = NightConfig()  # the gate's keys are [night]'s: their defaults are written there
+
+
 @dataclass
 class GateSettings:
-    margin: float = 0.05  # the gain (in score units of [0, 1] per item) that must be shown
-    regression_margin: float = 0.5
-    min_items: int = 20
-    confidence: float = 0.9
-    bootstrap: int = 2000
-    seed: int = 0
+    margin: float = _NIGHT.gate_margin  # the gain (score units of [0, 1] an item) to show
+    regression_margin: float = _NIGHT.regression_margin
+    min_items: int = _NIGHT.gate_min_items
+    confidence: float = _NIGHT.gate_confidence
+    bootstrap: int = 2000  # resamples of the paired bootstrap
+    seed: int = _NIGHT.seed
 
 
 @dataclass
