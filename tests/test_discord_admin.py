@@ -285,3 +285,19 @@ async def test_an_attachment_from_a_non_admin_is_never_saved(discord_env, record
         interaction, file_attachment=FakeAttachment("x.jsonl", b"{}"))
     assert [s.content for s in recorder.sent] == [REFUSAL]
     assert not (h.rt.config.data_dir / "uploads").exists()
+
+
+async def test_a_blocked_user_or_channel_gets_no_slash_command_not_even_forget(discord_env,
+                                                                            recorder):
+    """Slash commands skipped the block lists: a blocked user kept /forget (issue 40)."""
+    h = await discord_env([])
+    h.rt.config.discord.blocked_user_ids = [h.alice.id]
+    await tree_command(h.bot, ["status"]).callback(
+        recorder.interaction(h.bot, h.alice, h.general, "status"))
+    h.rt.config.discord.blocked_user_ids = []
+    h.rt.config.discord.blocked_channel_ids = [h.general.id]
+    await tree_command(h.bot, ["forget"]).callback(
+        recorder.interaction(h.bot, h.bob, h.general, "forget",
+                             [{"name": "episode_id", "type": 4, "value": 1}]), episode_id=1)
+    assert [(s.kind, s.flags) for s in recorder.sent] == [("message", 64), ("message", 64)]
+    assert recorder.sent[0].content == REFUSAL

@@ -80,12 +80,18 @@ def caller_of(user: Any, channel: Any) -> Caller:
     return Caller(user.id, role_ids(user), channel_key(channel, user.id), f"{user} ({user.id})")
 
 
+def is_blocked(config: Config, origin: Origin) -> bool:
+    """Whether a block list names this user, one of their roles, or this channel (its
+    parent or category): then nothing is answered there, a slash command included."""
+    d = config.discord
+    return (origin.user_id in d.blocked_user_ids or bool(origin.role_ids & set(d.blocked_role_ids))
+            or bool(origin.channel_ids & set(d.blocked_channel_ids)))
+
+
 def is_allowed(config: Config, origin: Origin) -> bool:
     """Whether the bot may answer this user in this channel (block lists win)."""
     d = config.discord
-    if origin.user_id in d.blocked_user_ids or origin.role_ids & set(d.blocked_role_ids):
-        return False
-    if origin.channel_ids & set(d.blocked_channel_ids):
+    if is_blocked(config, origin):
         return False
     if is_admin(config, origin.user_id, origin.role_ids):
         return True

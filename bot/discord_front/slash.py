@@ -36,7 +36,7 @@ from bot.commands import (
     permitted,
     run_command,
 )
-from bot.discord_front.access import caller_of, role_ids
+from bot.discord_front.access import caller_of, is_blocked, origin_of, role_ids
 from bot.discord_front.render import answer_interaction, safe_name, send_reply
 
 if TYPE_CHECKING:
@@ -55,7 +55,11 @@ async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
     # Keyed by id: the interaction's channel object may be a partial one.
     key = str(interaction.channel_id) if interaction.guild_id else f"dm-{user.id}"
     caller = Caller(user.id, role_ids(user), key, f"{user} ({user.id})")
-    if not await permitted(rt, caller, name, **options):
+    # The block lists hold for commands as for messages; an uncached channel is known by
+    # its id alone, so a block by category needs the channel in the cache.
+    where = interaction.channel or discord.Object(interaction.channel_id or 0)
+    blocked = is_blocked(rt.config, origin_of(user, where))
+    if blocked or not await permitted(rt, caller, name, **options):
         await answer_interaction(interaction, COMMANDS[name].refusal, ephemeral=True)
         return
     await interaction.response.defer(thinking=True)
