@@ -211,3 +211,21 @@ def test_history_drops_an_orphan_tool_observation():
 
     messages = history_messages([step("tool", "5"), step("user", "hi"), step("system", "s")])
     assert messages == [{"role": "user", "content": "hi"}]
+
+
+def test_reasoning_is_stripped_as_the_regex_did_in_one_pass():
+    """Equal to ``<think>.*?</think>\\s*`` removed, on random texts; linear on a tool output
+    that repeats the opening tag (the regex rescanned the rest from each one)."""
+    import random
+    import re
+
+    from bot.agent.messages import strip_reasoning
+
+    regex = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+    rng = random.Random(3)
+    bits = ["<think>", "</think>", "a", " ", "\n", "b c", "<think", "think>"]
+    for _ in range(3000):
+        text = "".join(rng.choice(bits) for _ in range(rng.randint(0, 12)))
+        assert strip_reasoning(text) == regex.sub("", text), text
+    many = "<think>x " * 200_000  # 1.6 MB, never closed: kept whole
+    assert strip_reasoning(many) == many

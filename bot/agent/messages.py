@@ -7,7 +7,6 @@ the loop.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,14 +14,27 @@ from typing import Any
 from serving.client import Reply
 from core.storage.store import Prefix, Step, StoredStep
 
-_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
 
 
 def strip_reasoning(text: str) -> str:
-    if not text or "<think>" not in text:  # every history message, every turn: skip the regex
+    """The text without its ``<think>...</think>`` blocks (and the space after each).
+
+    One pass with ``str.find``: the regex it replaces rescanned to the end of the text
+    from every unclosed ``<think>``, quadratic in a tool output that repeats the tag."""
+    if not text or "<think>" not in text:  # every history message, every turn
         return text or ""
-    return _THINK.sub("", text)
+    kept, at = [], 0
+    while (start := text.find("<think>", at)) >= 0:
+        end = text.find("</think>", start + len("<think>"))
+        if end < 0:
+            break  # an unclosed block stays, as the model wrote it
+        kept.append(text[at:start])
+        at = end + len("</think>")
+        while at < len(text) and text[at].isspace():
+            at += 1
+    kept.append(text[at:])
+    return "".join(kept)
 
 
 def history_messages(steps: list[StoredStep]) -> list[dict]:
