@@ -163,6 +163,11 @@ class ChannelWorkers:
         channel's workspace or journal (an admin's /sys reset) takes it too."""
         return self._locks.setdefault(channel, asyncio.Lock())
 
+    def full(self, channel: str) -> bool:
+        """Whether a message to ``channel`` would be refused as busy right now."""
+        queue = self._queues.get(channel)
+        return queue is not None and queue.full()
+
     def queue_sizes(self) -> dict[str, int]:
         return {channel: queue.qsize() for channel, queue in self._queues.items()}
 

@@ -62,7 +62,9 @@ async def test_a_full_queue_answers_busy_and_loses_nothing_queued():
     workers = ChannelWorkers(handle, queue_size=2)
     first = workers.enqueue("c", "1")
     await asyncio.sleep(0)  # the worker takes "1"; the queue is empty again
+    assert not workers.full("c") and not workers.full("elsewhere")
     queued = [workers.enqueue("c", "2"), workers.enqueue("c", "3")]
+    assert workers.full("c")  # the front end then saves no attachment for a refused turn
     with pytest.raises(Busy, match="busy"):
         workers.enqueue("c", "4")
     gate.set()

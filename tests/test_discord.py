@@ -377,3 +377,21 @@ async def test_a_reaction_after_a_restart_finds_the_episode_in_the_store(discord
     restarted = NightshiftBot(h.rt)  # as after a restart: its cache is empty
     assert await restarted.replies.episode_of(answer.id) == episode.id
     assert await restarted.replies.episode_of(answer.id + 1) is None
+
+
+async def test_attachments_count_against_the_workspace_quota(tmp_path):
+    """Five messages put 400 MiB into a 10 MiB workspace (issue 40): now each attachment
+    is refused once it would fill the workspace past its quota, and nothing is lost."""
+    from sandbox.paths import workspace_for
+
+    workspace = workspace_for(tmp_path / "ws", "c1")
+    (workspace.root / "big.bin").write_bytes(b"x" * 40_000)
+    notes = await save_attachments([FakeAttachment("a.txt", b"a" * 10_000),
+                                    FakeAttachment("b.txt", b"b" * 30_000),
+                                    FakeAttachment("c.txt", b"c" * 30_000, size=10)],
+                                   workspace, quota_bytes=64 * 1024)
+    assert notes[0] == "[attached: uploads/a.txt (9.8 KiB)]"
+    assert notes[1].startswith("[not saved: b.txt (the workspace holds")
+    assert notes[1].endswith("of its 64.0 KiB quota; delete files first)]")
+    assert notes[2] == "[not saved: c.txt (it would fill the workspace past its 64.0 KiB quota)]"
+    assert sorted(p.name for p in (workspace.root / "uploads").iterdir()) == ["a.txt"]

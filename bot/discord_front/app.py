@@ -252,8 +252,11 @@ class NightshiftBot(commands.Bot):
     async def _turn(self, key: str, message: discord.Message, text: str) -> TurnResult | str:
         """Save the attachments and run the turn; or the text to answer instead (busy, failed)."""
         try:
+            if self.rt.workers.full(key):  # refused anyway: its attachments are not saved
+                raise Busy(key, self.rt.config.agent.queue_size)
             workspace = self.rt.spaces.context(key).workspace
-            notes = await save_attachments(message.attachments, workspace)
+            quota = self.rt.config.sandbox.workspace_quota_mb << 20
+            notes = await save_attachments(message.attachments, workspace, quota_bytes=quota)
             prompt = "\n".join([text, *notes]).strip()
             return await self.rt.turn(key, prompt, message.author.display_name)
         except Busy as exc:

@@ -26,6 +26,7 @@ from typing import Any
 
 import discord
 
+from sandbox.shared_limits import usage_bytes
 from tools.sizes import human_size
 
 logger = logging.getLogger("nightshift.discord")
@@ -189,8 +190,12 @@ def safe_name(filename: str) -> str:
 
 
 async def save_attachments(attachments: Sequence[discord.Attachment], workspace: Any,
-                           max_bytes: int = MAX_ATTACHMENT_BYTES) -> list[str]:
-    """Save each attachment under ``uploads/``; one line per attachment for the agent."""
+                           max_bytes: int = MAX_ATTACHMENT_BYTES,
+                           quota_bytes: int | None = None) -> list[str]:
+    """Save each attachment under ``uploads/``; one line per attachment for the agent.
+    With ``quota_bytes`` (the workspace's quota) one that would fill the workspace past
+    it is not saved, as a file the agent wrote would not be: attachments counted for
+    nothing, and five messages put 400 MiB into a 10 MiB workspace."""
     notes = []
     for attachment in attachments:
         name = safe_name(attachment.filename)
@@ -199,10 +204,18 @@ async def save_attachments(attachments: Sequence[discord.Attachment], workspace:
                          f"{human_size(max_bytes)} limit]")
             continue
         try:
+            if quota_bytes is not None:
+                used = await asyncio.to_thread(usage_bytes, workspace.root)
+                if used + attachment.size > quota_bytes:
+                    raise ValueError(f"the workspace holds {human_size(used)} of its "
+                                     f"{human_size(quota_bytes)} quota; delete files first")
             data = await attachment.read()
             if len(data) > max_bytes:
                 raise ValueError(f"{human_size(len(data))} is over the "
                                  f"{human_size(max_bytes)} limit")
+            if quota_bytes is not None and used + len(data) > quota_bytes:  # its size lied
+                raise ValueError(f"it would fill the workspace past its "
+                                 f"{human_size(quota_bytes)} quota")
             rel = await asyncio.to_thread(_write_free, workspace, name, data)
         except (discord.HTTPException, ValueError, OSError) as exc:
             logger.warning("attachment %s not saved: %s", name, exc)
