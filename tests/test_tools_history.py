@@ -187,6 +187,23 @@ async def test_history_is_trimmed_and_unused_blobs_are_collected(tmp_path):
     assert len(blobs) <= len(done) + 1
 
 
+async def test_the_saved_contents_never_outgrow_the_history_budget(tmp_path):
+    """Only the entry count bounded the journal: 137 GiB a channel was possible (issue 40).
+    Past ``history_bytes`` the oldest entries go; the newest is always undoable."""
+    from sandbox.shared_limits import usage_bytes
+
+    ws = Workspace(tmp_path / "ws")
+    journal = Journal(tmp_path / "state", ws.root, history_bytes=256 * 1024)
+    ctx = ToolContext(channel="t", workspace=ws, journal=journal, state_dir=tmp_path / "state")
+    for i in range(40):  # 40 distinct 32 KiB versions: 1.25 MiB of history unbounded
+        await ok(ctx, "write_file", path="a.txt", content=f"{i:04d}" * 8192)
+        assert usage_bytes(tmp_path / "state/journal/blobs") <= 256 * 1024 + 40 * 1024
+    done, _ = journal.log(limit=100)
+    assert 1 <= len(done) < 40
+    await ok(ctx, "undo")
+    assert (ws.root / "a.txt").read_text() == "0038" * 8192
+
+
 async def test_a_change_too_large_to_snapshot_is_refused_before_anything_changes(tmp_path):
     ws = Workspace(tmp_path / "ws")
     journal = Journal(tmp_path / "state", ws.root, max_snapshot_bytes=100)

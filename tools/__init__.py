@@ -127,7 +127,8 @@ class ToolContext:
         services = replace(services or Services(), **named)
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        journal = Journal(state_dir, workspace.root, quota_bytes=services.workspace_quota_bytes)
+        journal = Journal(state_dir, workspace.root, quota_bytes=services.workspace_quota_bytes,
+                          history_bytes=services.workspace_quota_bytes)
         return cls(channel, workspace, journal, state_dir, send_file, status, embedder, services)
 
 

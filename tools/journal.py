@@ -84,7 +84,7 @@ class Journal:
 
     def __init__(self, state_dir: Path, workspace_root: Path, *, keep: int = 500,
                  max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
-                 quota_bytes: int | None = None) -> None:
+                 quota_bytes: int | None = None, history_bytes: int | None = None) -> None:
         self.state_dir = Path(state_dir).resolve()
         self.root = Path(workspace_root).resolve()
         if self.state_dir == self.root or self.root in self.state_dir.parents:
@@ -94,6 +94,9 @@ class Journal:
         self.keep = keep
         self.max_snapshot_bytes = max_snapshot_bytes
         self.quota_bytes = quota_bytes  # the workspace's disk quota; writes past it are refused
+        # The most disk the saved contents may take: past it the oldest entries go (each
+        # run_python may journal 256 MiB, and only the entry count bounded them).
+        self.history_bytes = history_bytes
         (self.dir / "entries").mkdir(parents=True, exist_ok=True)
         (self.dir / "blobs").mkdir(exist_ok=True)
 
@@ -116,7 +119,24 @@ class Journal:
         self._write_head(entry.id + 1, done[len(trimmed):], [])
         for entry_id in dropped + trimmed:
             self._entry_path(entry_id).unlink(missing_ok=True)
-        if trimmed:
+        if trimmed or dropped:
+            self._collect_blobs()
+        self._fit_history()
+
+    def _fit_history(self) -> None:
+        """Drop the oldest entries, a quarter at a time, until the saved contents fit
+        ``history_bytes``. The newest entry always stays: its undo is the one people ask
+        for, and its size was already bounded by ``max_snapshot_bytes``."""
+        if self.history_bytes is None:
+            return
+        while usage_bytes(self.dir / "blobs") > self.history_bytes:
+            head = self._read_head()
+            if len(head["done"]) <= 1:
+                return
+            oldest = head["done"][:max(1, (len(head["done"]) - 1) // 4)]
+            self._write_head(head["next_id"], head["done"][len(oldest):], head["undone"])
+            for entry_id in oldest:
+                self._entry_path(entry_id).unlink(missing_ok=True)
             self._collect_blobs()
 
     # --- undo / redo ---
