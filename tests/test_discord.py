@@ -369,6 +369,33 @@ async def test_reactions_by_bots_blocked_users_or_on_other_messages_label_nothin
     assert labels(h.rt.config) == []
 
 
+async def test_a_reaction_in_an_uncached_channel_is_looked_up_or_ignored_under_blocks(
+        discord_env, monkeypatch):
+    """Its channel id alone lost the parent and category: a category's block list missed
+    it (issue 40). Now Discord is asked; when it cannot say, a configured block list wins."""
+    h = await discord_env(replying("an answer"))
+    await dpytest.message("q", channel=h.free, member=h.bob)
+    [answer] = sent_messages()
+    free = h.free
+    asked = []
+
+    async def fetch(channel_id):
+        asked.append(channel_id)
+        if h.rt.config.discord.blocked_channel_ids:
+            raise discord.NotFound(type("R", (), {"status": 404, "reason": "gone"})(), "gone")
+        return free
+
+    monkeypatch.setattr(h.bot, "get_channel", lambda channel_id: None)
+    monkeypatch.setattr(h.bot, "fetch_channel", fetch)
+    h.rt.config.discord.blocked_channel_ids = [123456789]  # some category, maybe this one's
+    await react(h.bob, answer, CROSS)
+    assert labels(h.rt.config) == [] and asked == [free.id]
+    h.rt.config.discord.blocked_channel_ids = []
+    await react(h.bob, answer, CHECK)
+    [(_, label, _)] = labels(h.rt.config)
+    assert label == "accepted" and asked == [free.id, free.id]
+
+
 async def test_a_reaction_after_a_restart_finds_the_episode_in_the_store(discord_env):
     h = await discord_env(replying("an answer"))
     await dpytest.message("q", channel=h.free, member=h.bob)

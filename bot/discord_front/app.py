@@ -284,7 +284,9 @@ class NightshiftBot(commands.Bot):
             return
         if payload.member is not None and payload.member.bot:
             return
-        origin = self._reaction_origin(payload)
+        origin = await self._reaction_origin(payload)
+        if origin is None:  # where it came from cannot be told, and a list might block it
+            return
         if origin.is_dm and self.rt.config.discord.allowed_role_ids and not origin.role_ids:
             origin = dataclasses.replace(origin, role_ids=await fetch_role_ids(
                 payload.user_id, self.guilds))
@@ -308,9 +310,20 @@ class NightshiftBot(commands.Bot):
         if what:
             logger.info("reaction: %s", what)
 
-    def _reaction_origin(self, payload: discord.RawReactionActionEvent) -> Origin:
+    async def _reaction_origin(self, payload: discord.RawReactionActionEvent) -> Origin | None:
+        """Who reacted where. A channel missing from the cache is asked of Discord: its id
+        alone lost its parent and category, and a category's block list missed it. When
+        Discord cannot say either, None (ignored) if any channel is blocked."""
         member = payload.member
         channel = self.get_channel(payload.channel_id)
+        if channel is None and payload.guild_id is not None:
+            try:
+                channel = await self.fetch_channel(payload.channel_id)
+            except (discord.HTTPException, discord.InvalidData) as exc:
+                logger.warning("reaction in channel %s: cannot look it up (%s)",
+                               payload.channel_id, exc)
+                if self.rt.config.discord.blocked_channel_ids:
+                    return None
         ids = channel_ids(channel) if channel is not None else frozenset({payload.channel_id})
         if payload.guild_id is None:  # a DM: the roles the user holds in our servers
             roles = member_role_ids(payload.user_id, self.guilds)
