@@ -107,7 +107,7 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         "practice": {"temperature": args.temperature, "held_out_percent": 0,
                      "max_steps": args.practice_steps or min(args.max_steps,
                                                              Config().practice.max_steps)},
-        "night": {"auto_promote": False},
+        "night": {"auto_promote": False, "imitate_passing": bool(args.imitate_passing)},
         "train": train,
     }
     lines = []
@@ -254,7 +254,9 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
-          f"imitation {t.imitation:g}" + (f"; the day kept in {args.day}" if args.day else ""),
+          f"imitation {t.imitation:g}"
+          + ("; passing attempts imitated" if config.night.imitate_passing else "")
+          + (f"; the day kept in {args.day}" if args.day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not args.day:
@@ -426,6 +428,8 @@ def main() -> None:
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
+    parser.add_argument("--imitate-passing", action="store_true",
+                        help="night.imitate_passing: also imitate a mixed group's passing attempts")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
     parser.add_argument("--practice-steps", type=int,

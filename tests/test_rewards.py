@@ -151,6 +151,31 @@ async def test_a_checked_attempt_always_trains_whatever_the_eval_share(store, tm
     assert "eval" in {splits[f"chat-{k}"] for k in range(6)}  # the share applies to the rest
 
 
+async def test_imitate_passing_adds_a_mixed_groups_passing_attempts_to_what_is_imitated(
+        store, tmp_path, embedder):
+    """night.imitate_passing: best-of-G fine-tuning beside OAPL. The attempts that passed
+    in a group whose attempts differ are imitated and keep their advantages; the failing
+    ones, and a group that all passed, are not imitated."""
+    for k, (group, reward) in enumerate((("g", 1.0), ("g", 0.0), ("g", 0.0),
+                                         ("same", 1.0), ("same", 1.0))):
+        episode, _, _ = await tool_episode(store, f"practice-{k}")
+        await store.add_event(f"practice-{k}", episode, Event.VERIFIER_REWARD,
+                              {"reward": reward, "check": "exact", "group": group})
+    config = config_for(tmp_path)
+    config.night.imitate_passing = True
+    server = await serve(always(1))
+    try:
+        result, _ = await run(config, store, server, embedder)
+    finally:
+        await server.stop()
+    rows = {r["channel"]: r for r in map(json.loads, result.dataset.read_text().splitlines())
+            if r["kind"] == "episode"}
+    judged = [i for i, a in enumerate(rows["practice-0"]["advantages"]) if a is not None]
+    assert judged and rows["practice-0"]["imitate"] == judged
+    assert all(rows[f"practice-{k}"]["imitate"] == [] for k in (1, 2, 3, 4))
+    assert result.counts["imitated_passing"] == 1
+
+
 async def test_rejected_and_aborted_episodes_are_trained_as_negatives(store, tmp_path, embedder):
     good, _, _ = await tool_episode(store, "good")
     await store.add_label(good, "accepted", "reaction")

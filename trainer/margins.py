@@ -18,7 +18,8 @@ signal a group-relative loss exists for. For each such group the night logs:
   group's signal did not, whatever the held-out figure did.
 
 Passing and failing are by reward against the group's mean (the sign of the attempt's
-advantage). A demonstration (imitated, no advantage) is in neither side. Sequences are
+advantage). A demonstration (imitated, no advantage) is in neither side; an attempt
+imitated because it passed (``night.imitate_passing``) is on the passing side. Sequences are
 counted per view (a row under a tool list gives two), attempts per episode.
 """
 
@@ -52,7 +53,9 @@ def group_margins(examples: list[Any], change: list[float | None]) -> list[dict]
     and range of their advantages, the passing and failing changes and their margin."""
     grouped: dict[str, list[tuple[Any, float | None]]] = defaultdict(list)
     for e, c in zip(examples, change):
-        if getattr(e, "group", "") and len(e.adv) and not bool(e.demo.any()):
+        # A demonstration has no advantage (imitated only); a passing attempt imitated
+        # beside OAPL (night.imitate_passing) has one, and is measured like the rest.
+        if getattr(e, "group", "") and len(e.adv):
             grouped[e.group].append((e, c))
     out = []
     for group, members in sorted(grouped.items()):

@@ -270,6 +270,9 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         row["reward_source"] = ({"source": rule.source, "check": rule.check, "reward": rule.reward,
                                  "looped": rule.looped}
                                 if rule else {"source": "judge"})
+        if settings.imitate_passing and row["group_baseline"] and passed(rule, grouped):
+            imitate_own(row)
+            counts["imitated_passing"] += 1
         exact, fallback = with_context(row, episode, prefixes, scanner.has_secret)
         counts[f"context:{fallback or 'exact'}"] += 1  # the exact prompt, or why not
         rows += exact
@@ -283,6 +286,19 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
         rows += [value_row(predictions[k].prompt, predictions[k].answer, r, baseline)
                  for k, r in value_rewards.items()]
     return rows, table
+
+
+def passed(rule: SubTask, grouped: dict[str, list[SubTask]]) -> bool:
+    """Whether this attempt scored its group's best and the group's attempts differ."""
+    rewards = [p.reward for p in grouped[rule.group]]
+    return rule.reward == max(rewards) > min(rewards)
+
+
+def imitate_own(row: dict) -> None:
+    """Add the row's judged agent messages to what it imitates (they keep their OAPL
+    advantages): the model wrote them and they passed, so raise their likelihood."""
+    judged = {i for i, a in enumerate(row["advantages"]) if a is not None}
+    row["imitate"] = sorted(set(row.get("imitate") or ()) | judged)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

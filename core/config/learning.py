@@ -58,6 +58,11 @@ class NightConfig(_Section):
         -1.0, ge=-1, le=0, description="reward of a turn stopped by the step limit (-1..0)"
     )
     seed: int = Field(0, description="an integer seed for the night's samples")
+    imitate_passing: bool = Field(
+        False, description="also imitate (train.imitation's likelihood) the attempts that "
+                           "passed in a practice group whose attempts differ: best-of-G "
+                           "fine-tuning beside OAPL"
+    )
     budget_s: float = Field(
         1200.0, ge=0, description="seconds a night may take; training takes fewer steps to fit "
                                   "(0 = no limit)"
