@@ -71,6 +71,12 @@ def built_on(releases: list[dict], release_id: int) -> list[dict]:
     return found
 
 
+def gate_rejected(release: dict) -> bool:
+    """Whether the gate report stored with a release rejected it."""
+    gate = (release.get("meta") or {}).get("gate") or {}
+    return gate.get("outcome", "promote" if gate.get("passed", True) else "reject") == "reject"
+
+
 class Releases:
     """Promote and roll back releases; each answer is the text to show the admin."""
 
@@ -88,7 +94,15 @@ class Releases:
         releases = await self.store.releases()
         candidates = [r for r in releases if r["state"] == "candidate"
                       and (release_id is None or r["id"] == release_id)]
+        # A candidate whose stored gate rejected it (a row from before the decision was
+        # stored with it, or a crash between the two) is never promoted.
+        refused = [r for r in candidates if gate_rejected(r)]
+        candidates = [r for r in candidates if not gate_rejected(r)]
         if not candidates:
+            if refused:
+                return (f"Release #{refused[-1]['id']} failed its gate "
+                        f"({'; '.join(refused[-1]['meta']['gate'].get('reasons', []))}); "
+                        "it is not served. Nothing changed.")
             return ("No candidate release to promote." if release_id is None
                     else f"Release #{release_id} is not a candidate.")
         newer = built_on(releases, candidates[-1]["id"])

@@ -71,6 +71,26 @@ async def test_auto_promote_never_promotes_another_nights_candidate(tmp_path):
         await rt.close()
 
 
+async def test_a_candidate_whose_stored_gate_rejected_it_is_never_promoted(tmp_path):
+    """A crash between add_release and marking it rejected left a gate-failed candidate
+    that /promote served (issue 40). The decision is stored with the release, and read."""
+    rt = await runtime(tmp_path)
+    try:
+        path, meta = make_release(tmp_path, "night-0001")
+        failed = {"outcome": "reject", "reasons": ["held-out items fell"]}
+        crashed = await rt.store.add_release("night-0001", path, {**meta, "gate": failed})
+        text = await admin.promote(rt.releases)
+        assert text.startswith(f"Release #{crashed} failed its gate (held-out items fell)")
+        assert rt.supervisor.swaps == [] and await admin.promote(rt.releases, crashed) == text
+        path, meta = make_release(tmp_path, "night-0002")
+        stored = await rt.store.add_release("night-0002", path, {**meta, "gate": failed},
+                                            "rejected")
+        assert [r["state"] for r in await rt.store.releases()] == ["candidate", "rejected"]
+        assert (await admin.promote(rt.releases, stored)).endswith("is not a candidate.")
+    finally:
+        await rt.close()
+
+
 async def test_a_second_rollback_goes_further_back_never_forward(tmp_path):
     rt = await runtime(tmp_path)
     try:

@@ -314,22 +314,27 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
             "hf_base": str(base_dir),  # an adapter release's next night continues on it
             "base_release_id": night.progress["base_release"], "gate": report}
     existing = [r for r in await store.releases() if r["name"] == release.name]
+    state = "rejected" if outcome_of(report) == "reject" else "candidate"
     release_id = existing[0]["id"] if existing else await store.add_release(
-        release.name, str(release), meta)
+        release.name, str(release), meta, state)
     await finish(night, store, report, release_id)
+
+
+def outcome_of(report: dict) -> str:
+    return report.get("outcome", "promote" if report.get("passed") else "reject")
 
 
 async def finish(night: Night, store: Store, report: dict, release_id: int) -> None:
     """End the job by the gate's outcome. A rejected release is marked so; an
     inconclusive one stays a candidate that an admin may still promote by hand. Either
     way the night ends ``done`` without consuming its data (``next_night_since``)."""
-    outcome = report.get("outcome", "promote" if report.get("passed") else "reject")
+    outcome = outcome_of(report)
     reason = "; ".join(report.get("reasons", []))
     if outcome == "promote":
         await night.set("awaiting_promotion", release_id=release_id, outcome=outcome,
                         note=f"the candidate passed the gate: {reason}")
         return
-    if outcome == "reject":
+    if outcome == "reject":  # already so when it was added; a resumed night makes sure
         await store.set_release_state(release_id, "rejected")
     await night.set("done", release_id=release_id, outcome=outcome,
                     note=f"gate {outcome}: {reason}; this night's episodes stay for the next "

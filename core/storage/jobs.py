@@ -94,16 +94,20 @@ class JobBook:
 
     # -- releases -------------------------------------------------------------
 
-    async def add_release(self, name: str, path: str, meta: dict) -> int:
-        """Record a trained model as a candidate; names are unique so that
-        promote and rollback can name a release unambiguously."""
+    async def add_release(self, name: str, path: str, meta: dict,
+                          state: str = "candidate") -> int:
+        """Record a trained model, as a candidate or already ``rejected`` by its gate: the
+        gate's decision (in ``meta``) and the state go in with the row, in one statement,
+        so no crash can leave a gate-failed release waiting as a candidate. Names are
+        unique so that promote and rollback can name a release unambiguously."""
         nonempty(name, "release name")
+        check(state, ("candidate", "rejected"), "new release state")
         now = time.time()
         try:
             rows = await self._fetch(
                 "INSERT INTO releases (name, path, meta, state, created_at, updated_at) "
-                "VALUES (?, ?, ?, 'candidate', ?, ?) RETURNING id",
-                (name, str(path), dumps(meta, "release meta"), now, now),
+                "VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (name, str(path), dumps(meta, "release meta"), state, now, now),
             )
         except sqlite3.IntegrityError:
             raise ValueError(f"a release named {name!r} already exists") from None
