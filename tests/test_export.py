@@ -119,3 +119,11 @@ def test_adapter_only_release_serves_the_lora_on_top_of_the_base_gguf(tiny, tmp_
                   verbose=False, logits_all=True)
     tuned.eval(prompt)
     assert list(plain.scores[3]) != list(tuned.scores[3])  # the LoRA changes the logits
+    # The base it is served on is anchored by its hash: another file there is refused.
+    with open(base_gguf, "r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(ReleaseError, match="not the one it was exported for"):
+        verify_release(release, tiny / "base")

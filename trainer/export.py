@@ -89,6 +89,8 @@ def export_release(adapter_dir: Path, base_dir: Path, release_dir: Path, convert
         "peft": {k: peft_settings.get(k) for k in ("peft_type", "r", "lora_alpha",
                                                     "target_modules", "lora_dropout")},
         "serve": serve,
+        # Adapter mode serves on a GGUF outside the release: its hash anchors which one.
+        "base_gguf_sha256": sha256_file(Path(base_gguf)) if mode == "adapter" else None,
         "files": {str(p.relative_to(partial)): sha256_file(p)
                   for p in sorted(partial.rglob("*")) if p.is_file()},
     }
@@ -144,6 +146,12 @@ def verify_release(release_dir: Path, base_dir: Path | None = None) -> dict:
     missing = [n for n in (*ADAPTER_FILES, own) if n not in meta.get("files", {})]
     if missing:
         raise ReleaseError(f"release {release_dir.name} does not account for {missing}")
+    if meta.get("mode") == "adapter":
+        base_gguf = Path(serve.get("gguf") or "")
+        if not meta.get("base_gguf_sha256") or not base_gguf.is_file() \
+                or sha256_file(base_gguf) != meta["base_gguf_sha256"]:
+            raise ReleaseError(f"release {release_dir.name}: the base GGUF {base_gguf} it is "
+                               "served on is missing or not the one it was exported for")
     if base_dir is not None and meta.get("base_tokenizer_sha256") != tokenizer_checksum(base_dir):
         raise ReleaseError(f"release {release_dir.name} was trained on another tokenizer or chat "
                            f"template than {base_dir}; refusing it")
