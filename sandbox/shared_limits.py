@@ -42,26 +42,27 @@ _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def usage_bytes(root: Path) -> int:
-    """Disk space the tree under ``root`` takes (allocated blocks; links not followed)."""
+    """Disk space the tree under ``root`` takes (allocated blocks; links not followed).
+
+    Walked by folder descriptor (``os.fwalk``, which opens each folder relative to its
+    parent and checks it is the folder it listed), so a job that swaps a folder for a
+    link mid-walk cannot send the walk through the host's tree."""
     total, seen = 0, set()
-    stack = [str(root)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue  # gone or unreadable meanwhile
-        for entry in entries:
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
-                if (info.st_dev, info.st_ino) in seen:
-                    continue
-                seen.add((info.st_dev, info.st_ino))
-            total += info.st_blocks * 512
-            if stat.S_ISDIR(info.st_mode):
-                stack.append(entry.path)
+    try:
+        walk = os.fwalk(root, follow_symlinks=False, onerror=lambda exc: None)
+        for _, dirs, files, dir_fd in walk:
+            for name in dirs + files:
+                try:
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+                    if (info.st_dev, info.st_ino) in seen:
+                        continue
+                    seen.add((info.st_dev, info.st_ino))
+                total += info.st_blocks * 512
+    except OSError:
+        pass  # the root itself went away: nothing is used
     return total
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -189,3 +190,19 @@ async def test_without_a_cgroup_runs_wait_for_the_memory_budget(tmp_path):
     assert not second.ok and "sandbox.total_memory_mb" in second.stderr
     assert (await first).ok and budget.reserved_mb == 0
     assert (await box.run(["python3", "-c", "print(1)"], Workspace(tmp_path / "b"))).ok
+
+
+def test_usage_counts_the_tree_once_and_never_walks_through_a_link(tmp_path):
+    """The quota's scan went by path: a folder swapped for a link sent it walking the host
+    (issue 40). By descriptor, a link counts as itself, and a hard link once."""
+    outside = tmp_path / "host"
+    (outside / "big").mkdir(parents=True)
+    (outside / "big" / "blob").write_bytes(b"x" * (4 << 20))
+    root = tmp_path / "ws"
+    (root / "d" / "e").mkdir(parents=True)
+    (root / "d" / "e" / "f").write_bytes(b"y" * (1 << 20))
+    os.link(root / "d" / "e" / "f", root / "d" / "hard")
+    os.symlink(outside, root / "d" / "link")
+    used = usage_bytes(root)
+    assert (1 << 20) <= used < (2 << 20)  # the 1 MiB file once; the 4 MiB outside never
+    assert usage_bytes(tmp_path / "missing") == 0

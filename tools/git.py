@@ -226,24 +226,28 @@ async def git_add(ctx: ToolContext, paths: list[str]) -> str:
 
 def _too_big(root: Path, names: list[str]) -> list[str]:
     """The regular files under ``names`` (files or folders, .git skipped) over MAX_ADD_BYTES,
-    relative to the workspace; links are not followed."""
-    files: list[Path] = []
+    relative to the workspace; links are not followed, and folders are walked by
+    descriptor (``os.fwalk``), so one swapped for a link mid-walk is not followed."""
+    big = []
     for name in names:
         top = root / name
-        if not top.is_dir() or top.is_symlink():
-            files.append(top)
-            continue
-        for folder, dirs, found in os.walk(top):
-            dirs[:] = [d for d in dirs if d != ".git"]
-            files += [Path(folder, f) for f in found]
-    big = []
-    for file in files:
         try:
-            info = file.lstat()
+            info = top.lstat()
         except OSError:
             continue
-        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_ADD_BYTES:
-            big.append(os.path.relpath(file, root))
+        if not stat.S_ISDIR(info.st_mode):
+            if stat.S_ISREG(info.st_mode) and info.st_size > MAX_ADD_BYTES:
+                big.append(os.path.relpath(top, root))
+            continue
+        for folder, dirs, found, dir_fd in os.fwalk(top, follow_symlinks=False):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            for file in found:
+                try:
+                    info = os.stat(file, dir_fd=dir_fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and info.st_size > MAX_ADD_BYTES:
+                    big.append(os.path.relpath(os.path.join(folder, file), root))
     return big
 
 
