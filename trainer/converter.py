@@ -6,10 +6,16 @@ run with (its version matches the converter, the ``gguf`` wheel on PyPI may
 not). We fetch the sdist once with pip, extract only the converter scripts,
 their ``conversion`` package and ``gguf-py`` into the cache directory, and run
 them as subprocesses. None of llama.cpp's code is committed to this repository.
+
+The sdist is pinned by its SHA-256 (pip checks it, ``--require-hashes``, and so do we
+before extracting): code that runs on the owner's machine must be the code we read.
+The converters run with a minimal environment, not the bot's: no token or key in the
+environment reaches code fetched from a package registry.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +25,10 @@ import tempfile
 from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+SDIST_SHA256 = {  # the PyPI sdist of each version we know
+    "0.3.36": "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e",
+}
+_ENV_KEPT = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OMP_NUM_THREADS")
 _WANTED = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
 
 
@@ -39,8 +49,14 @@ def fetch_converter(cache_dir: Path, version: str = LLAMA_CPP_PYTHON_VERSION) ->
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         print(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist ...",
               flush=True)
+        expected = SDIST_SHA256.get(version)
+        if expected is None:
+            raise ConverterError(f"no known SHA-256 for the llama-cpp-python {version} sdist; "
+                                 f"the known versions are {', '.join(SDIST_SHA256)}")
+        pinned = Path(tmp) / "requirements.txt"
+        pinned.write_text(f"llama-cpp-python=={version} --hash=sha256:{expected}\n")
         cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-               "--quiet", f"llama-cpp-python=={version}", "-d", tmp]
+               "--require-hashes", "--quiet", "-r", str(pinned), "-d", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
         if done.returncode != 0 or not sdists:
@@ -48,6 +64,9 @@ def fetch_converter(cache_dir: Path, version: str = LLAMA_CPP_PYTHON_VERSION) ->
                 f"could not download the llama-cpp-python {version} sdist with pip:\n"
                 f"{done.stderr[-2000:]}"
             )
+        if _sha256(sdists[0]) != expected:
+            raise ConverterError(f"{sdists[0].name} is not the sdist pinned for {version} "
+                                 "(its SHA-256 differs); refusing to run it")
         staging = Path(tmp) / "out"
         _extract(sdists[0], staging)
         if target.exists():
@@ -69,11 +88,21 @@ def _extract(sdist: Path, out: Path) -> None:
         raise ConverterError(f"{sdist.name} has no vendor/llama.cpp/convert_hf_to_gguf.py")
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _env(conv: Path) -> dict[str, str]:
-    env = dict(os.environ)
+    """The converter's environment: a few harmless variables, never the bot's secrets."""
+    env = {k: os.environ[k] for k in _ENV_KEPT if k in os.environ}
     # The vendored gguf-py must shadow any installed gguf wheel.
     env["PYTHONPATH"] = os.pathsep.join([str(conv / "gguf-py"), str(conv)])
-    env.setdefault("NO_LOCAL_GGUF", "")
+    env["NO_LOCAL_GGUF"] = ""
+    env["HF_HUB_OFFLINE"] = "1"  # a converter must never reach for a model hub
     return env
 
 
