@@ -41,13 +41,14 @@ where the product's ``/practice`` publishes a set's held-out split
 pairs them all, as it would a user's. ``train.max_tokens`` is set to the
 served context, so that rows carrying the tool list are not dropped.
 ``--keep DIR`` also keeps a copy of the data folder as the day left it (before
-the night; with several days, day i in ``DIR/day-i``); ``--day DIR`` starts from
-that copy and runs only steps 3-5, so that two nights' settings (``--lr``,
+the night; with several days, day i in ``DIR/day-i``); ``--day DIR [DIR ...]`` starts
+from such copies and runs only steps 3-5 on each, so that two nights' settings (``--lr``,
 ``--batch``, ...) are compared on one day: the figures then differ only by the
 night, not by the practice's sampling at temperature 0.8, which alone moved the
 mean by ~10 pp between runs. Every night run on a kept day leaves its answers in
 ``DIR/nights/``, and a ``--day`` run prints its paired difference from the
-previous night kept there, with its 90% interval.
+previous night kept there, with its 90% interval, and with several kept days that
+difference pooled over them (resampling days, as ``--days`` does).
 ``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
 most 3 agent steps a turn, with 4 tools offered instead of all of them: a
 check that the path works, not a measurement.
@@ -76,7 +77,8 @@ from core.practice.sets import PracticeSet, load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
-from learning_table import chain_table, comparison, days_of, header, table  # noqa: E402
+from learning_table import (  # noqa: E402
+    chain_table, comparison, days_of, header, pooled_comparison, table)
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
@@ -239,11 +241,12 @@ def load_day(source: Path, work: Path) -> tuple[dict, float]:
     return {**saved, "after": {}, "day_from": str(source)}, since
 
 
-async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = False) -> dict:
+async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = False,
+              kept_day: Path | None = None) -> dict:
     """One day (its items drawn with ``seed``) and its night, in ``work``; with ``keep``,
-    the day is kept there for ``--day``. From ``--day`` only the night and what follows."""
-    if args.day:
-        result, since = load_day(args.day, work)
+    the day is kept there for ``--day``. From a ``kept_day`` only the night and what follows."""
+    if kept_day:
+        result, since = load_day(kept_day, work)
         seed = result.get("seed", seed)  # the kept day's items
     sets = write_sets(work, args, seed)
     config = load_config(write_config(work, args))
@@ -256,10 +259,10 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
           f"imitation {t.imitation:g}"
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
-          + (f"; the day kept in {args.day}" if args.day else ""),
+          + (f"; the day kept in {kept_day}" if kept_day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
-    if not args.day:
+    if not kept_day:
         result = {"before": {}, "after": {}, "seed": seed}
         rt = await Runtime.start(config)
         rt.practice.listeners.append(show)
@@ -332,17 +335,19 @@ def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
     return path
 
 
-def compare_nights(folder: Path, latest: Path) -> str | None:
-    """This night against the one kept before it on the same day, item by item."""
+def compare_nights(folder: Path, latest: Path) -> tuple[str, tuple | None] | None:
+    """This night against the one kept before it on the same day, item by item: the text,
+    and the two nights' answers (None when one made no candidate)."""
     kept = sorted(p for p in (folder / NIGHTS).glob("*.json") if p != latest)
     if not kept:
         return None
     first, second = (json.loads(p.read_text()) for p in (kept[-1], latest))
     if not first["after"] or not second["after"]:
-        return "One of the two nights made no candidate: nothing to compare."
+        return "One of the two nights made no candidate: nothing to compare.", None
     text = comparison(first["after"], second["after"], (kept[-1].stem, latest.stem))
     return "\n".join([text, "", f"- {kept[-1].stem}: `{shlex.join(first['argv'])}`",
-                      f"- {latest.stem}: `{shlex.join(second['argv'])}`"])
+                      f"- {latest.stem}: `{shlex.join(second['argv'])}`"]), \
+        (first["after"], second["after"])
 
 
 def tokens_per_s(result: dict) -> float | None:
@@ -448,12 +453,13 @@ def main() -> None:
     parser.add_argument("--night-timeout", type=float, default=3600.0)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it, with "
                         "a copy of the day before the night (for --day)")
-    parser.add_argument("--day", type=Path, help="skip the day: take the held-out answers "
-                        "before and the practice from a directory kept by --keep (same families, "
-                        "items and seed), and run only the night and the answers after")
+    parser.add_argument("--day", type=Path, nargs="+", help="skip the day: take the held-out "
+                        "answers before and the practice from directories kept by --keep (same "
+                        "families, items and seed), run only the night and the answers after on "
+                        "each, and compare with the night kept before there (pooled over days)")
     parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
     args = parser.parse_args()
-    if args.day and args.keep and args.day.resolve() == args.keep.resolve():
+    if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:
         parser.error("--day and --keep must be different directories")
     if args.quick:
         args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
@@ -464,7 +470,7 @@ def main() -> None:
         parser.error("the tool family's checks run in the sandbox, and bubblewrap is missing "
                      "(apt-get install bubblewrap); `python -m bot doctor` checks a set-up")
     if args.day:
-        args.days = 1  # one kept day
+        args.days = len(args.day)  # one night on each kept day
     elif args.days is None:
         args.days = 1 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="nightshift-learning-") as tmp:
@@ -476,6 +482,9 @@ def main() -> None:
     print(table(days, args.families))
     for k in range(2, args.nights + 1):
         print("\n" + chain_table(results, args.families, k))
+    pairs = [r["compared"] for r in results if r.get("compared")]
+    if len(pairs) > 1:  # the kept days' nights against this one's, pooled over the days
+        print("\n" + pooled_comparison(pairs, args.families))
     if len(days) < len(results):
         print(f"\n{len(results) - len(days)} of {len(results)} days made no candidate and are "
               "left out of the table.")
@@ -488,12 +497,14 @@ def run_days(args: argparse.Namespace, base: Path, i: int) -> dict:
     if args.days > 1:
         print(f"\n## day {i + 1} of {args.days}", flush=True)
     started = time.monotonic()
-    result = asyncio.run(run(args, work, args.seed + i, keep=bool(args.keep)))
+    kept_day = args.day[i] if args.day else None
+    result = asyncio.run(run(args, work, args.seed + i, bool(args.keep), kept_day))
     report(result, started)
-    if args.day or args.keep:
-        folder = args.day.resolve() if args.day else work
+    if kept_day or args.keep:
+        folder = kept_day.resolve() if kept_day else work
         kept = keep_night(folder, result, sys.argv[1:])
-        if args.day and (text := compare_nights(folder, kept)):
+        if kept_day and (compared := compare_nights(folder, kept)):
+            text, result["compared"] = compared
             print("\n" + text)
     return result
 

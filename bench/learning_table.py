@@ -70,6 +70,17 @@ def comparison(first: dict[str, list[float]], second: dict[str, list[float]],
     return "\n".join(lines)
 
 
+def pooled_comparison(pairs: list[tuple[dict, dict]], families: list[str],
+                      confidence: float = 0.9) -> str:
+    """Nights on several kept days (``--day DIR DIR ...``): each day's (earlier night's,
+    this night's) answers, the difference pooled over the days as ``--days`` pools them."""
+    days = [{f: list(zip(first[f], second[f])) for f in families if f in first and f in second}
+            for first, second in pairs]
+    return (f"This night against the night kept before it, on each of {len(pairs)} kept days "
+            "(\"before %\" is the earlier night's after %):\n\n"
+            + table(days, families, confidence))
+
+
 def chain_table(results: list[dict], families: list[str], k: int,
                 confidence: float = 0.9) -> str:
     """After chained night k (``--nights``): what it added to night k-1, and all k nights

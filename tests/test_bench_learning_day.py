@@ -77,7 +77,7 @@ def test_a_run_whose_checks_need_the_missing_sandbox_is_refused_before_it_starts
     assert "bubblewrap is missing" in capsys.readouterr().err
     started = []
 
-    def run(args, work, seed, keep=False):
+    def run(args, work, seed, keep=False, kept_day=None):
         started.append((args.families, seed, work.name))
         return {"before": {}, "after": {}}
 
@@ -140,10 +140,11 @@ def test_a_night_on_a_kept_day_is_compared_item_by_item_with_the_one_before(tmp_
     assert learning.compare_nights(tmp_path, first) is None  # nothing to compare with yet
     second = learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0, 1.0, 0.0]}},
                                  ["--day", "x", "--lr", "2"])
-    text = learning.compare_nights(tmp_path, second)
+    text, answers = learning.compare_nights(tmp_path, second)
     assert f"{second.stem} against {first.stem}" in text
     assert "| a | 25.0 | 75.0 | +50.0 | [" in text
     assert "`--day x --lr 2`" in text and "`--lr 1`" in text
+    assert answers == ({"a": [0.0, 0.0, 1.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]})
 
 
 def test_chained_nights_are_tabulated_against_the_night_before_and_the_day_before():
@@ -154,3 +155,11 @@ def test_chained_nights_are_tabulated_against_the_night_before_and_the_day_befor
     assert "Night 2 against night 1" in added and "| a | 25.0 | 75.0 | +50.0 | [" in added
     assert "| a | 0.0 | 75.0 | +75.0 | [" in total
     assert "no day reached it" in learning.chain_table([{**result, "chain": []}], ["a"], 2)
+
+
+def test_nights_on_several_kept_days_are_compared_pooled_over_the_days():
+    pairs = [({"a": [0.0, 0.0, 1.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]}),
+             ({"a": [1.0, 0.0, 0.0, 0.0]}, {"a": [1.0, 0.0, 0.0, 0.0]})]
+    text = learning.pooled_comparison(pairs, ["a"])
+    assert "on each of 2 kept days" in text
+    assert "| a | 25.0 | 50.0 | +25.0 | [" in text and "2 day(s)" in text
