@@ -7,10 +7,10 @@ import sys
 
 from bot.channels import Busy
 from bot.commands import Caller, CommandError, parse_command, run_command
-from core.config import Config
 from bot.console import ConsoleRenderer, run_console
 from bot.night.jobs import ACTIVE, night_line, pid_alive
 from bot.runtime import Runtime
+from core.config import Config
 from sandbox.process import unsandboxed_warning
 
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bot import admin, hygiene, labelling
-from core.config import Config
 from bot.practice.runner import run_practice
+from core.config import Config
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime

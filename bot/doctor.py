@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from core.config import Config, masked_dump
 from bot.model_pair import check_pair
+from core.config import Config, masked_dump
 from core.model.chat_format import resolve_async
-from serving.client import LLM
-from serving.supervisor import ServerSupervisor
 from sandbox.paths import Workspace
 from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
+from serving.client import LLM
+from serving.supervisor import ServerSupervisor
 
 MIN_FREE_GB = 5.0
 Check = Callable[[Config], Awaitable[tuple[bool, str]]]

@@ -19,23 +19,23 @@ from zoneinfo import ZoneInfo
 
 from bot import admin, hygiene
 from bot.agent.loop import Agent, TurnResult
+from bot.agent.tool_profiles import tool_names
 from bot.channels import ChannelSpaces, ChannelWorkers, RuleStrayDetector
-from core.config import Config
-from core.model.chat_format import resolve_async
-from serving.client import LLM
 from bot.night.jobs import ACTIVE
-from serving.releases import Releases, serve_live
 from bot.night.report import NightReports
 from bot.night.schedule import Rounds, SleepSchedule
 from bot.night.watch import NightWatch
 from bot.practice.services import PracticeServices
 from bot.selfplay.runs import SelfPlay
-from serving.supervisor import ServerSupervisor
-from core.storage.store import Store
 from bot.swarm import Swarms
-from bot.agent.tool_profiles import tool_names
+from core.config import Config
+from core.model.chat_format import resolve_async
+from core.storage.store import Store
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget
+from serving.client import LLM
+from serving.releases import Releases, serve_live
+from serving.supervisor import ServerSupervisor
 from tools import Registry, Services, default_registry
 from tools.board import Board
 from tools.filelocks import FileLocks

@@ -48,8 +48,8 @@ import orjson
 
 from core.config import Config
 from core.model.chat_format import chat_format_name
-from serving.http import HTTPClient, TransportError
 from core.model.wire import call_head, needs_tool_choice, server_messages
+from serving.http import HTTPClient, TransportError
 
 logger = logging.getLogger("nightshift.llm")
 

@@ -30,9 +30,9 @@ import pytest
 from discord.ext.test import backend, factories
 from discord.webhook import async_ as webhook_async
 
-from core.config import Config
 from bot.discord_front.app import NightshiftBot
 from bot.runtime import Runtime
+from core.config import Config
 from tests.scripted import ScriptedLLM
 
 _ids = itertools.count(900_000_000_000_000_001)

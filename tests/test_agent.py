@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from bot.agent.loop import Agent
-from bot.channels import RuleStrayDetector
 from bot.agent.compaction import SUMMARY_PREFIX
-from core.config import Config
+from bot.agent.loop import Agent
 from bot.agent.messages import history_messages
-from core.storage.store import Store
 from bot.agent.stray import STRAY_QUESTION
+from bot.channels import RuleStrayDetector
+from core.config import Config
+from core.storage.store import Store
 from tests.scripted import ScriptedLLM, call, say
 
 

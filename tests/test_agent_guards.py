@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from bot.agent.guards import looks_like_template_call, template_call
 from bot.agent.loop import Agent
 from core.config import Config
-from bot.agent.guards import looks_like_template_call, template_call
 from core.storage.store import Store
 from sandbox.paths import workspace_for
 from tests.scripted import ScriptedLLM, call, say

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.config import Config
 from bot.runtime import Runtime
+from core.config import Config
 
 
 @pytest.mark.slow

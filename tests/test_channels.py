@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bot.channels import Busy, ChannelWorkers
-from core.config import Config
 from bot.runtime import Runtime
+from core.config import Config
 from tests.scripted import ScriptedLLM, call, say
 
 

@@ -10,8 +10,8 @@ import pytest
 from core.config import Config
 from core.model import chat_format as cf
 from core.model.chat_format import AUTO, GGUFHeaderError, choose, read_chat_template, resolve
-from serving.kinds import LlamaCppPython
 from core.model.wire import FUNCTION_CALLING
+from serving.kinds import LlamaCppPython
 
 ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = ROOT / "data/models/smollm2-135m-instruct-q8_0.gguf"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from core.config import load_config
 from bot.doctor import check_chat_format
+from core.config import load_config
 from core.model.chat_format import read_chat_template
+from core.model.wire import FUNCTION_CALLING
 from serving.client import LLM
 from serving.supervisor import ServerSupervisor
-from core.model.wire import FUNCTION_CALLING
 from tests.test_other_architecture import tiny_qwen3
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from bot.agent.compaction import SUMMARY_PREFIX
-from core.config import NightConfig
 from bot.agent.stray import STRAY_CONTINUE, STRAY_QUESTION
-from tests.scripted import call, say
+from core.config import NightConfig
 from core.storage.store import Store
+from tests.scripted import call, say
 from tests.test_agent import make_agent
 from tests.test_tokens import HF_DIR
 from trainer.advantages import episode_row

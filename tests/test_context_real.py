@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from bot.agent.compaction import SUMMARY_PREFIX
-from core.config import Config, NightConfig
 from bot.runtime import Runtime
+from core.config import Config, NightConfig
 from core.storage.store import Store
 from trainer.advantages import episode_row
 from trainer.context import prefix_refs, sent_messages, with_context

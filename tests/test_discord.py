@@ -16,7 +16,6 @@ from discord.ext.test import backend, callbacks
 from bot.discord_front.access import Origin, is_allowed, needs_mention
 from bot.discord_front.app import TURN_FAILED, NightshiftBot
 from bot.discord_front.render import safe_name, save_attachments, split_reply
-from tools.sizes import human_size
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - the fixture
     labels,
@@ -26,6 +25,7 @@ from tests.discord_helpers import (
     sent_messages,
 )
 from tests.scripted import ScriptedLLM, call, say
+from tools.sizes import human_size
 
 CHECK, CROSS = "\N{WHITE HEAVY CHECK MARK}", "\N{CROSS MARK}"
 

@@ -13,8 +13,8 @@ import pytest
 from discord.ext.test import backend
 
 from bot.commands import Caller
-from core.config.routines import Swarm
 from bot.commands import COMMANDS as ACTIONS, REFUSAL, run_command as run_admin
+from core.config.routines import Swarm
 from tests.discord_helpers import (
     discord_env_fixture,  # noqa: F401 - a fixture
     labels,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from bot.night.plots import SERIES_KEY
 from tests.discord_helpers import discord_env_fixture, sent_messages  # noqa: F401 - fixture
 from tests.test_night_report import PNG_MAGIC, plant_gate, planted_progress, png_text_chunks
-from bot.night.plots import SERIES_KEY
 
 
 async def test_a_finished_night_sends_its_report_with_the_plots_attached(discord_env):

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import time
 
-from core.config import Config
 from bot.practice.runner import publish_held_out
+from core.config import Config
 from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, PlantedJudge
 from trainer.gate import score_side

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from core.config import Config
 from bot.practice.runner import publish_held_out
+from core.config import Config
 from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, SETTINGS, PlantedJudge
 from trainer.gate import decide, score_side

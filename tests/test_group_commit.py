@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-import core.storage.store as store_module
 from core.storage.group_commit import MAX_BATCH, Batcher, GroupCommit, frame
 from core.storage.history import HistoryCache
 from core.storage.schema import step_values
+import core.storage.store as store_module
 from core.storage.store import Prefix, Step, Store
 from core.storage.writer import Requests, bound
 

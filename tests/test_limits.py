@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config
 from bot.runtime import Runtime
+from core.config import Config
 from sandbox.paths import Workspace
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget, usage_bytes

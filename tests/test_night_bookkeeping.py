@@ -16,8 +16,8 @@ import time
 from bot import admin
 from bot.app import finish_nights
 from bot.console import ConsoleRenderer
-from serving.releases import serve_live
 from bot.runtime import Runtime
+from serving.releases import serve_live
 from tests.scripted import ScriptedLLM, say
 from tests.test_nightwatch import SwappingServer, make_release, runtime
 from trainer.collect import collect

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bot import admin
+from bot.runtime import Runtime
 from core.config import load_config
 from serving.client import LLM
-from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 
 PROMPT = "Tell me a short story about a lighthouse keeper."

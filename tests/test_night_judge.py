@@ -8,12 +8,12 @@ import pytest
 
 from core.config import Config
 from core.storage.embedder import MiniLMEmbedder
+from core.storage.events import Event
 from core.storage.store import Step, Store
 from tests.judge_server import JudgeServer
 from trainer.client import JsonClient, ModelUnavailable
 from trainer.collect import split_of
 from trainer.night import remember, run_part1
-from core.storage.events import Event
 from trainer.value import ValueMemory, predict
 
 REPORT = "judge_report"

@@ -6,11 +6,11 @@ import pytest
 
 from core.config import Config
 from core.storage.embedder import MiniLMEmbedder
-from serving.supervisor import ServerSupervisor
+from core.storage.events import Event
 from core.storage.store import Step, Store
+from serving.supervisor import ServerSupervisor
 from trainer.client import JsonClient
 from trainer.night import run_part1
-from core.storage.events import Event
 from trainer.value import ValueMemory
 
 DAY = [

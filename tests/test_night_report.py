@@ -12,9 +12,9 @@ import pytest
 from bot.app import console_report
 from bot.commands import Caller, run_command
 from bot.console import ConsoleRenderer
-from core.config import Config
 from bot.night import plots
 from bot.night.report import REPORT_EVENT, finished, history_text, report_text
+from core.config import Config
 from core.storage.store import Store
 from tests.test_nightwatch import make_release, runtime
 from trainer.gate import family_scores

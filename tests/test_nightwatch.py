@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from bot import admin
-from core.config import Config
 from bot.runtime import Runtime
+from core.config import Config
 from tests.scripted import ScriptedLLM
 from tests.test_channels import FakeServer
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from bot import admin
-from core.config import load_config
+from bot.agent.tool_profiles import is_embedded, tool_names
 from bot.model_pair import check_pair
 from bot.runtime import Runtime
+from core.config import load_config
 from serving.client import LLM
-from bot.agent.tool_profiles import is_embedded, tool_names
 from tests.scripted import ScriptedLLM
 from tests.test_night_e2e import day_script, wait_for
 

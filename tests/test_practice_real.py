@@ -7,8 +7,8 @@ import json
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from core.config import Config
 from bot.runtime import Runtime
+from core.config import Config
 
 # Proves where it ran: only inside the sandbox is the workspace /workspace and the cwd.
 WHERE_CHECK = """

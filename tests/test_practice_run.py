@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from bot.commands import Caller, parse_command, run_command
+from bot.runtime import Runtime
 from core.config import Config
 from core.practice.sets import is_held_out
-from bot.runtime import Runtime
 from tests.scripted import ScriptedLLM, call, say
 from tests.test_channels import FakeServer
 

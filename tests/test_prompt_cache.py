@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from core.config import Config
+from core.model.prompt_cache import NESTED_SLACK, _lean_state_methods, make_prompt_cache_class
 from serving.client import LLM
 from serving.probe import canary as canary_probe
-from core.model.prompt_cache import NESTED_SLACK, _lean_state_methods, make_prompt_cache_class
-from serving.supervisor import ServerSupervisor
 from serving.server_log import LogTail, Request
+from serving.supervisor import ServerSupervisor
 from tools import default_registry
 
 PREFIX = tuple(range(100, 400))  # stands for the system prompt and the tool list

@@ -9,12 +9,12 @@ import pytest
 
 from core.config import NightConfig
 from core.storage.embedder import MiniLMEmbedder
+from core.storage.events import REFERENCE, Event
 from core.storage.schema import Episode, StoredStep
 from core.storage.store import Store
 from tests.test_night_judge import REPORT, config_for, report, run, serve, tool_episode
 from trainer.advantages import episode_row
 from trainer.judge import Message, SubTask
-from core.storage.events import REFERENCE, Event
 from trainer.rewards import (
     group_relative,
     looped,

@@ -12,9 +12,9 @@ import asyncio
 import pytest
 
 from bot.commands import Caller, run_command
+from bot.runtime import Runtime
 from core.config import Config
 from core.config.routines import Swarm
-from bot.runtime import Runtime
 
 ADMIN = Caller(0, (), "s1", "console", local=True)
 

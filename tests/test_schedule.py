@@ -10,10 +10,10 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from core.config import ConfigError, load_config
-from core.config.routines import parse_weekly
 from bot.night.schedule import Rounds, SleepSchedule, last_weekly, window_start
 from bot.runtime import _schedule
+from core.config import ConfigError, load_config
+from core.config.routines import parse_weekly
 from tests.discord_helpers import make_config, start_runtime
 from tests.scripted import ScriptedLLM, say
 

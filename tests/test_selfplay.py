@@ -10,12 +10,12 @@ from datetime import datetime, timezone
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from core.config import Config
-from core.practice.sets import load_set
 from bot.runtime import Runtime
 from bot.selfplay.proposal import proposer_reward
 from bot.selfplay.round import PROPOSER_SECTION
 from bot.selfplay.runs import SelfPlay
+from core.config import Config
+from core.practice.sets import load_set
 from tests.scripted import ScriptedLLM, say
 from tests.test_channels import FakeServer
 

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from bot.commands import Caller, parse_command, run_command
-from core.config import Config
 from bot.runtime import Runtime
 from bot.selfplay.proposal import proposer_reward
+from core.config import Config
 from serving.client import LLM
 from serving.supervisor import ServerSupervisor
 from tests.scripted import say

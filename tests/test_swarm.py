@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-import tools.board
-import tools.files
 from bot.commands import Caller, run_command
 from core.config.routines import Swarm, SwarmsConfig
 from sandbox.paths import Workspace
 from tests.discord_helpers import make_config, start_runtime
 from tests.scripted import ScriptedLLM, call, say
 from tools import Registry, ToolContext
+import tools.board
 from tools.board import Board
 from tools.filelocks import FileLocks
+import tools.files
 
 REGISTRY = Registry()
 REGISTRY.register_module(tools.board)

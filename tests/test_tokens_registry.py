@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from bot.agent.loop import Agent
-from core.config import Config
 from bot.agent.stray import STRAY_CONTINUE, STRAY_QUESTION
+from core.config import Config
 from tests.test_tokens import HF_DIR, _served_prompt
 from tools import default_registry
 from trainer import train as T

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from core.config import Config, ConfigError
-from bot.runtime import _registry
 from bot.agent.tool_profiles import CORE_TOOLS, is_embedded, tool_names
+from bot.runtime import _registry
+from core.config import Config, ConfigError
 from tools import default_registry
 
 EVERY = default_registry().names()

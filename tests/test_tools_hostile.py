@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import tools.media
-import tools.search
 from sandbox.paths import Workspace
 from tests.hostile_files import (
     CATASTROPHIC_PATTERN,
@@ -28,6 +26,8 @@ from tests.hostile_files import (
     with_loop_lag,
 )
 from tools import ToolContext, default_registry, worker
+import tools.media
+import tools.search
 
 REGISTRY = default_registry()
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-import tools.media
 from sandbox.paths import Workspace
 from tools import Registry, ToolContext
+import tools.media
 
 REGISTRY = Registry()
 REGISTRY.register_module(tools.media)

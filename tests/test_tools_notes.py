@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-import tools.notes
 from core.storage.embedder import MiniLMEmbedder
 from sandbox.paths import Workspace
 from tools import Registry, ToolContext
+import tools.notes
 from tools.notes import NoteStore, collection_name
 
 REGISTRY = Registry()

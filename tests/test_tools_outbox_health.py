@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import tools.health
-import tools.outbox
 from sandbox.paths import Workspace
 from tools import Registry, ToolContext
+import tools.health
+import tools.outbox
 
 REGISTRY = Registry()
 REGISTRY.register_module(tools.outbox)

@@ -12,9 +12,9 @@ import json
 import pytest
 
 from bot.agent.loop import CUT_NOTE
+from bot.agent.stray import STRAY_CONTINUE, STRAY_QUESTION
 from bot.channels import RuleStrayDetector
 from serving.client import LLM, Reply
-from bot.agent.stray import STRAY_CONTINUE, STRAY_QUESTION
 from tests.scripted import call, say
 from tests.test_agent import AddTools, Result, make_agent, store  # noqa: F401 - a fixture
 from tests.test_server import fake_openai_server, make_config

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sandbox.shared_limits import over_quota_message, usage_bytes
-from tools.schema import ToolError
 from tools.fsroot import FsRoot, atomic_write
+from tools.schema import ToolError
 
 # Past this many bytes in one entry's snapshots a change is refused: undo must stay cheap.
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024

@@ -21,8 +21,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.storage.store import Episode, Store
 from core.storage.events import Event
+from core.storage.store import Episode, Store
 from trainer.rewards import VerifierReward, person_reward, verifier_rewards
 from trainer.secrets import SecretScanner
 

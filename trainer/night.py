@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 from core.config import Config
+from core.storage.events import Event
 from core.storage.store import Store
 from trainer.advantages import centre, episode_row, message_advantages, value_row
 from trainer.client import JsonClient
@@ -54,7 +55,6 @@ from trainer.rewards import (
 from trainer.secrets import SecretScanner
 from trainer.understanding import sampled, understanding_score
 from trainer.value import Prediction, ValueMemory, predict, prediction_reward
-from core.storage.events import Event
 
 Progress = Callable[[str, dict], None]
 

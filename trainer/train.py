@@ -78,6 +78,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.budget import affordable_steps, estimated_steps, note
 from trainer.examples import (  # noqa: F401 - re-exported
     Example,
     build_examples,
@@ -85,10 +86,9 @@ from trainer.examples import (  # noqa: F401 - re-exported
     needed,
     oapl_reads,
 )
-from trainer.budget import affordable_steps, estimated_steps, note
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
-from trainer.margins import measure
 from trainer.lr_schedule import check, lr_factor
+from trainer.margins import measure
 from trainer.plan import batches, plan
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.settings import Settings, TrainResult

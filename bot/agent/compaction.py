@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 
-from core.config import Config
 from bot.agent.messages import estimate_tokens, recent_start, strip_reasoning, text_of
+from core.config import Config
 from serving.client import LLM
 
 SUMMARY_PREFIX = "Summary of the earlier conversation: "

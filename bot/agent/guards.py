@@ -22,8 +22,8 @@ import hashlib
 import json
 from collections import Counter
 
-from serving.client import Reply
 from core.model.wire import TEMPLATE_CALL
+from serving.client import Reply
 
 FORMAT_NOTE = ("Your last message was tool-call syntax ({shown}), not an answer and not a "
                "valid call. To use a tool, call it with its exact name and JSON arguments; "

@@ -41,9 +41,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from bot.agent.compaction import SchemaSize, compacted, summarise, to_compact
-from core.config import Config
 from bot.agent.guards import (RepeatWatch, format_note, looks_like_template_call, repeat_note,
-                        template_call)
+                              template_call)
 from bot.agent.messages import (
     EpisodeContext,
     assistant_message,
@@ -54,10 +53,11 @@ from bot.agent.messages import (
     plain_messages,
     strip_reasoning,
 )
-from serving.client import LLM, LLMError, Reply
-from core.storage.store import Prefix, Step, Store, StoredStep
 from bot.agent.stray import STRAY_CONTINUE, ask_meant_to_continue
+from core.config import Config
 from core.storage.events import Event
+from core.storage.store import Prefix, Step, Store, StoredStep
+from serving.client import LLM, LLMError, Reply
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")

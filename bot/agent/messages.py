@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.client import Reply
 from core.storage.store import Prefix, Step, StoredStep
+from serving.client import Reply
 
 _CHARS_PER_TOKEN = 3.5  # a cheap, conservative estimate; the server has the real count
 

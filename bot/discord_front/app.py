@@ -44,8 +44,6 @@ from bot.discord_front.access import (
     origin_of,
     strip_mentions,
 )
-from bot.discord_front.slash import add_admin_commands
-from bot.night.jobs import night_line
 from bot.discord_front.render import (
     TurnStatuses,
     outgoing_files,
@@ -54,6 +52,8 @@ from bot.discord_front.render import (
     split_reply,
     upload_limit,
 )
+from bot.discord_front.slash import add_admin_commands
+from bot.night.jobs import night_line
 
 if TYPE_CHECKING:
     from bot.agent.loop import TurnResult

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from datetime import datetime, time, timedelta, tzinfo
 from typing import TYPE_CHECKING
 
-from core.config.routines import Weekly, parse_weekly, parse_window
 from bot.periodic import every
+from core.config.routines import Weekly, parse_weekly, parse_window
 
 if TYPE_CHECKING:
     from core.config import Config

@@ -49,9 +49,9 @@ from pathlib import Path
 
 from bot.agent.loop import Agent, TurnResult
 from bot.channels import ChannelWorkers
-from core.practice.checks import Verdict, judge
 from bot.practice.demonstration import demonstrate, run_calls
 from bot.practice.services import PracticeServices
+from core.practice.checks import Verdict, judge
 from core.practice.sets import PracticeSet, Task, load_set
 from core.storage.events import REFERENCE, CheckResult, Event
 

@@ -22,8 +22,8 @@ import os
 from pathlib import Path
 
 from bot.practice.runner import publish_held_out
-from core.practice.sets import load_set
 from bot.selfplay.proposal import Proposal
+from core.practice.sets import load_set
 
 SET_NAME = "selfplay"
 

@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 
 from bot.agent.loop import TurnResult
 from bot.channels import ChannelWorkers
-from core.practice.checks import Verdict, judge
 from bot.practice.runner import attempt_verdict
 from bot.practice.services import PracticeServices
-from core.practice.sets import is_held_out
 from bot.selfplay.keep import in_set, is_middling, keep_task
 from bot.selfplay.proposal import FORMAT, Proposal, ProposalError, parse_proposal, \
     proposer_reward
+from core.practice.checks import Verdict, judge
+from core.practice.sets import is_held_out
 from core.storage.events import CheckResult, Event
 
 logger = logging.getLogger("nightshift.selfplay")

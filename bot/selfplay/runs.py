@@ -32,12 +32,12 @@ from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 from bot.channels import ChannelWorkers
-from core.config.routines import parse_clock
 from bot.night.jobs import ACTIVE
 from bot.periodic import every
 from bot.practice.services import PracticeServices
 from bot.selfplay.keep import set_path
 from bot.selfplay.round import PROPOSER_SECTION, Outcome, Round, proposer_channel
+from core.config.routines import parse_clock
 
 logger = logging.getLogger("nightshift.selfplay")
 MAX_ROUNDS, MAX_SOLVERS = 100, 16

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
 
+from core.config.learning import NightConfig, PracticeConfig, TrainConfig  # noqa: F401
+from core.config.routines import NotesHygieneConfig, SelfplayConfig, SleepConfig, SwarmsConfig
 from core.config.sections import (  # noqa: F401 - re-exported: callers import them from here
     EMBEDDED_MODEL,
     AgentConfig,
@@ -33,8 +35,6 @@ from core.config.sections import (  # noqa: F401 - re-exported: callers import t
     WatchdogConfig,
     _Section,
 )
-from core.config.learning import NightConfig, PracticeConfig, TrainConfig  # noqa: F401
-from core.config.routines import NotesHygieneConfig, SelfplayConfig, SleepConfig, SwarmsConfig
 
 class Config(_Section):
     paths: PathsConfig = Field(default_factory=PathsConfig)

@@ -33,11 +33,11 @@ from pathlib import Path
 import aiosqlite
 
 from core.storage.group_commit import GroupCommit
-from core.storage.received import Received
 from core.storage.jobs import JobBook
 from core.storage.labels import LabelBook
 from core.storage.ledger import NightLedger
 from core.storage.prefixes import Prefix, Prefixes
+from core.storage.received import Received
 from core.storage.toolsets import ToolSets
 
 from core.storage.schema import (

@@ -22,7 +22,7 @@ import sys
 from typing import Any
 
 from core.storage.group_commit import (FRAME_HEADER, MAX_BATCH, Batcher, Operation, Result,
-                                      frame)
+                                       frame)
 from core.storage.history import HistoryCache
 from core.storage.operations import OPERATIONS
 
