@@ -1,6 +1,8 @@
-"""The whole config.toml schema.
+"""config.toml's schema and its loading: the root ``Config`` and ``load_config`` here, each
+section's typed class in ``sections`` (the day's), ``learning`` (``[night]``, ``[train]``,
+``[practice]``) and ``routines`` (sleep, notes hygiene, swarms, self-play).
 
-One readable file, typed per section. Every key is documented in
+config.toml is one readable file, typed per section. Every key is documented in
 ``config.example.toml``. Secrets never live in the file: a key ending in
 ``_env`` names the environment variable that holds the secret.
 
