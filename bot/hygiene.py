@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from tools.notes import MAX_DUPLICATE_SCAN
+
 # A turn in a channel as a speaker: the runtime's ``turn`` (queued on the channel's worker).
 Turn = Callable[[str, str, str], Awaitable[Any]]
 
@@ -28,7 +30,10 @@ ROUTINE_CLEANING = (
 NOTE_TOOLS = {"note_list", "note_search", "note_create", "note_delete"}
 
 
-def cleaning_prompt(groups: list[list[str]]) -> str:
+def cleaning_prompt(groups: list[list[str]], compared: bool = True) -> str:
+    if not compared:
+        return ROUTINE_CLEANING + ("\nThere are too many notes to compare them all for "
+                                   "near-duplicates: use note_search to find similar ones.")
     if not groups:
         return ROUTINE_CLEANING + "\nNo near-duplicates were found by similarity."
     listed = "; ".join(", ".join(group) for group in groups)
@@ -46,7 +51,8 @@ async def routine_clean(notes: Any, offered: Iterable[str], turn: Turn, channel:
                 "Fix: set agent.tools = \"all\", or list them in agent.tools.")
     before = await asyncio.to_thread(notes.count, channel, False)
     groups = await asyncio.to_thread(notes.duplicate_groups, channel)
-    result = await turn(channel, cleaning_prompt(groups), "routine cleaning")
+    prompt = cleaning_prompt(groups, compared=before <= MAX_DUPLICATE_SCAN)
+    result = await turn(channel, prompt, "routine cleaning")
     after = await asyncio.to_thread(notes.count, channel, False)
     return (f"Routine cleaning (episode #{result.episode_id}): {before} notes before, {after} "
             f"after.\n{result.reply}")

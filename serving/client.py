@@ -322,7 +322,7 @@ def _after(first: Reply, second: Reply) -> Reply:
 def _reply(data: bytes, duration_ms: float, attempt: int) -> Reply:
     """The server's answer as a Reply; LLMError, saying what is wrong, for one that does not
     have the shape of a chat completion (a server that lies must not raise KeyError or
-    TypeError into a turn). Content past ``MAX_REPLY_CHARS`` is cut, saying so."""
+    TypeError into a turn). Content past ``MAX_REPLY_CHARS`` is cut (and logged)."""
     try:
         completion = json.loads(data)
         choice = completion["choices"][0]
@@ -341,9 +341,10 @@ def _reply(data: bytes, duration_ms: float, attempt: int) -> Reply:
     if not isinstance(content, str):
         raise LLMError(f"the model server answered with content that is not text: "
                        f"{_error_text(data)}", attempts=attempt)
-    if len(content) > MAX_REPLY_CHARS:
-        cut = len(content) - MAX_REPLY_CHARS
-        content = content[:MAX_REPLY_CHARS] + f"\n[... {cut} more characters cut]"
+    if len(content) > MAX_REPLY_CHARS:  # cut bare: a note here would be trained as its words
+        logger.warning("the model server's reply had %d characters; kept the first %d",
+                       len(content), MAX_REPLY_CHARS)
+        content = content[:MAX_REPLY_CHARS]
     usage = completion.get("usage") if isinstance(completion.get("usage"), dict) else {}
     return Reply(
         content=content,

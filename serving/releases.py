@@ -40,23 +40,38 @@ logger = logging.getLogger("nightshift.releases")
 
 
 def release_problem(release: dict) -> str | None:
-    """Why a release may not be served (missing or changed files), or None."""
+    """Why a release may not be served (missing or changed files), or None. The model file
+    it serves must be among the hashed files (an empty list anchored nothing), and an
+    adapter's base GGUF, which lives outside the release, must hash as it did at export."""
     path = Path(release["path"])
     manifest = path / "release.json"
     if not manifest.is_file():
         return f"{manifest} is missing"
-    files = json.loads(manifest.read_text()).get("files", {})
+    meta = json.loads(manifest.read_text())
+    files, serve = meta.get("files", {}), meta.get("serve", {})
+    own = serve.get("lora") if meta.get("mode") == "adapter" else serve.get("gguf")
+    if not own or own not in files:
+        return f"{manifest} does not hash the model file it serves ({own or 'none named'})"
     for name, expected in files.items():
         file = path / name
         if not file.is_file():
             return f"{file} is missing"
-        digest = hashlib.sha256()
-        with file.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        if digest.hexdigest() != expected:
+        if _sha256(file) != expected:
             return f"{file} does not match its SHA-256 in release.json"
+    if meta.get("mode") == "adapter":
+        base = Path(serve.get("gguf") or "")
+        if not meta.get("base_gguf_sha256") or not base.is_file() \
+                or _sha256(base) != meta["base_gguf_sha256"]:
+            return f"the base GGUF {base} is missing or not the one the adapter was exported for"
     return None
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with file.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def built_on(releases: list[dict], release_id: int) -> list[dict]:

@@ -16,7 +16,7 @@ ROOMS = ("sandbox", "tools", "core", "serving", "bot", "trainer")
 def rules(text: str) -> dict[str, tuple[set[str], set[str]]]:
     """room -> (the rooms it may import, the packages it must never import), from the
     table under "### Import rules"."""
-    section = text.split("### Import rules", 1)[1]
+    section = text.split("### Import rules", 1)[1].split("\n#", 1)[0]  # to the next heading
     table = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -44,17 +44,32 @@ def imports(path: Path) -> list[tuple[str, list[str], bool]]:
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "__main__" in ast.unparse(child.test):
+            if isinstance(child, ast.If) and _is_main_guard(child.test):
+                for branch in child.orelse:  # only the guarded body runs as __main__
+                    visit_one(branch, in_function)
                 continue
-            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
-            if isinstance(child, ast.Import):
-                found.extend((alias.name, [], in_function) for alias in child.names)
-            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
-                found.append((child.module, [a.name for a in child.names], in_function))
-            visit(child, inner)
+            visit_one(child, in_function)
+
+    def visit_one(child: ast.AST, in_function: bool) -> None:
+        inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(child, ast.Import):
+            found.extend((alias.name, [], in_function) for alias in child.names)
+        elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+            found.append((child.module, [a.name for a in child.names], in_function))
+        visit(child, inner)
 
     visit(ast.parse(path.read_text()), False)
     return found
+
+
+def _is_main_guard(test: ast.expr) -> bool:
+    return ast.unparse(test) in ("__name__ == '__main__'", "'__main__' == __name__")
+
+
+def relative_imports(path: Path) -> list[int]:
+    """Line numbers of ``from . import`` style imports (their room is implicit)."""
+    return [n.lineno for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.ImportFrom) and n.level > 0]
 
 
 def project_targets(module: str, names: list[str]) -> set[str]:
@@ -143,3 +158,26 @@ def test_a_rule_broken_in_a_planted_document_is_read_as_broken():
     text = "### Import rules\n| room | may import | never |\n|---|---|---|\n| bot | trainer | |\n"
     assert rules(text)["bot"] == ({"bot", "trainer"}, set())
 
+
+
+def test_imports_are_absolute_so_each_names_its_room():
+    bad = [(str(f.relative_to(ROOT)), line) for f in MODULES.values()
+           for line in relative_imports(f)]
+    assert bad == []
+
+
+def test_every_top_level_package_is_a_room_and_no_room_imports_the_tests_or_benches():
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert packages - {"tests", "bench"} == set(ROOMS)
+    bad = [(str(f.relative_to(ROOT)), m) for f in MODULES.values() for m, _, _ in imports(f)
+           if m.split(".")[0] in ("tests", "bench")]
+    assert bad == []
+
+
+def test_only_the_main_guard_is_left_out_and_its_else_branch_counts(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("if __name__ == '__main__':\n    import trainer.a\nelse:\n    import bot.b\n"
+                      "if __name__ != '__main__':\n    import bot.c\n")
+    assert [m for m, _, _ in imports(source)] == ["bot.b", "bot.c"]
+    assert rules("### Import rules\n| bot | core | |\n## Later\n| bot | trainer | |\n") == {
+        "bot": ({"bot", "core"}, set())}

@@ -60,7 +60,8 @@ def make_release(tmp_path, name="night-0001") -> tuple[str, dict]:
     gguf = release / "model-q8_0.gguf"
     gguf.write_bytes(b"GGUF" + b"\0" * 64)
     files = {"model-q8_0.gguf": hashlib.sha256(gguf.read_bytes()).hexdigest()}
-    (release / "release.json").write_text(json.dumps({"files": files}))
+    (release / "release.json").write_text(json.dumps({"files": files,
+                                                      "serve": {"gguf": gguf.name}}))
     return str(release), {"gguf": str(gguf)}
 
 

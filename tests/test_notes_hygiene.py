@@ -107,3 +107,12 @@ async def test_notes_clean_says_so_when_the_note_tools_are_not_offered(tmp_path)
         assert await rt.store.episodes_since(0) == []  # no turn was run
     finally:
         await rt.close()
+
+
+def test_the_cleaning_prompt_never_claims_no_duplicates_it_did_not_look_for():
+    from bot.hygiene import cleaning_prompt
+
+    assert "No near-duplicates were found" in cleaning_prompt([])
+    too_many = cleaning_prompt([], compared=False)
+    assert "too many notes to compare" in too_many and "No near-duplicates" not in too_many
+    assert "a, b" in cleaning_prompt([["a", "b"]])

@@ -256,3 +256,29 @@ def test_only_a_live_trainer_of_that_job_counts():
         proc.kill()
         proc.wait()
     assert not is_trainer(proc.pid, 5)
+
+
+async def test_a_release_that_hashes_nothing_or_a_changed_base_is_never_served(tmp_path):
+    """The release check hashed only what release.json listed (an empty list passed) and
+    never an adapter's base GGUF (issue 40)."""
+    import hashlib
+    import json
+
+    from serving.releases import release_problem
+
+    folder = tmp_path / "releases" / "night-0001"
+    folder.mkdir(parents=True)
+    (folder / "release.json").write_text(json.dumps({"files": {}, "serve": {"gguf": "m.gguf"}}))
+    assert "does not hash the model file it serves (m.gguf)" in release_problem(
+        {"path": str(folder)})
+    base = tmp_path / "base.gguf"
+    base.write_bytes(b"GGUF base")
+    lora = folder / "adapter-f16.gguf"
+    lora.write_bytes(b"GGUF lora")
+    meta = {"mode": "adapter", "serve": {"gguf": str(base), "lora": lora.name},
+            "files": {lora.name: hashlib.sha256(lora.read_bytes()).hexdigest()},
+            "base_gguf_sha256": hashlib.sha256(base.read_bytes()).hexdigest()}
+    (folder / "release.json").write_text(json.dumps(meta))
+    assert release_problem({"path": str(folder)}) is None
+    base.write_bytes(b"GGUF another base")
+    assert "not the one the adapter was exported for" in release_problem({"path": str(folder)})

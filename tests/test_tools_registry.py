@@ -225,25 +225,38 @@ def hangs(ctx: ToolContext) -> str:
     return "late"
 
 
-async def test_a_sync_tool_past_its_deadline_ends_with_an_error_and_the_turn_goes_on(ctx):
-    """Stuck calls hold their own slots only: the turn gets an error, later calls wait at
-    most the deadline, and the loop's default executor stays free (issue 40)."""
+@tool
+def times_out(ctx: ToolContext) -> str:
+    """Raise the tool's own TimeoutError (a socket's, say): not the registry's deadline."""
+    raise TimeoutError("the remote end did not answer")
+
+
+async def test_a_sync_tool_past_its_deadline_ends_with_an_error_and_the_turn_goes_on(
+        ctx, tmp_path):
+    """A stuck call holds its own slot and its channel: the turn gets an error, that
+    channel's next sync call waits for it (never racing it on the journal), other
+    channels and the loop's executor go on (issue 40)."""
     from tools.host_calls import HostCalls
 
     RELEASE.clear()
-    registry = Registry(HostCalls(threads=1, deadline_s=0.3))
-    registry.register(hangs)
-    registry.register(greet)
+    registry = Registry(HostCalls(threads=2, deadline_s=0.3))
+    for t in (hangs, greet, times_out):
+        registry.register(t)
+    other = ToolContext.open("other", Workspace(tmp_path / "other"), tmp_path / "other-state")
     try:
         first = await registry.call("hangs", {}, ctx)
         assert not first.ok and first.meta["error"] == "deadline"
         assert "did not finish within 0.3 s" in first.output and "turn goes on" in first.output
-        queued = await registry.call("greet", {"name": "x"}, ctx)  # the one slot is still held
-        assert not queued.ok and queued.meta["error"] == "deadline"
+        same = await registry.call("greet", {"name": "x"}, ctx)  # waits for the stuck one
+        assert not same.ok and same.meta["error"] == "deadline"
+        elsewhere = await registry.call("greet", {"name": "y"}, other)
+        assert elsewhere.ok and elsewhere.output.startswith("hi y")
         assert await asyncio.to_thread(lambda: "free") == "free"  # the bot's executor
+        own = await registry.call("times_out", {}, other)
+        assert not own.ok and own.meta["error"] == "refused" and "did not answer" in own.output
     finally:
         RELEASE.set()
-    for _ in range(100):  # the abandoned call ends and gives its slot back
+    for _ in range(100):  # the abandoned call ends; the channel's next call runs
         done = await registry.call("greet", {"name": "x"}, ctx)
         if done.ok:
             break

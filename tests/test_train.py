@@ -318,7 +318,7 @@ def test_a_weighted_step_scales_the_gradient_and_train_uses_min_steps(base_dir, 
 
 
 def test_gradient_checkpointing_auto_is_on_for_big_checkpoints_only(tmp_path):
-    from trainer.sleep import checkpointing
+    from trainer.settings import checkpointing
 
     (tmp_path / "model.safetensors").write_bytes(b"\0" * 1024)
     assert not checkpointing("auto", tmp_path) and checkpointing("on", tmp_path)

@@ -280,7 +280,7 @@ class Registry:
             if t.is_async:
                 output = await t.fn(ctx, **kwargs)
             else:
-                output = await self.host.run(t.fn, ctx, **kwargs)
+                output = await self.host.run(ctx.channel, t.fn, ctx, **kwargs)
         except asyncio.CancelledError:
             raise
         except HostCallTimeout as exc:

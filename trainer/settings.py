@@ -58,14 +58,17 @@ class Settings:
     expected_tokens_per_s: float | None = None
 
     @classmethod
-    def of(cls, config: Config, **run: Any) -> Settings:
+    def of(cls, config: Config, base_dir: Path | str | None = None, **run: Any) -> Settings:
         """``config``'s ``[train]`` and ``[night].seed``, its served context as the longest
-        sequence unless ``train.max_tokens`` is set, and then the run's own fields."""
+        sequence unless ``train.max_tokens`` is set, gradient checkpointing as
+        ``train.gradient_checkpointing`` decides for the checkpoint at ``base_dir``, then
+        the run's own fields (the chat format the server resolved, among them)."""
         t = config.train
         shared = {f.name: getattr(t, f.name) for f in fields(cls) if f.name in TrainConfig.model_fields}
         shared["steps"] = t.steps or None
         shared["max_tokens"] = t.max_tokens or config.model.context_tokens
-        shared.pop("gradient_checkpointing", None)  # "auto" needs the checkpoint's size
+        shared["gradient_checkpointing"] = (checkpointing(t.gradient_checkpointing, base_dir)
+                                            if base_dir is not None else True)
         return cls(**{**shared, "seed": config.night.seed, **run})
 
 
@@ -83,3 +86,14 @@ class TrainResult:
     budget_note: str = ""  # why fewer steps than planned ran, or ""
     tokens_per_s: float = 0.0  # tokens over the steps' own seconds (loading left out)
     groups: list[dict] = field(default_factory=list)  # trainer.margins, per mixed group
+
+
+def checkpointing(setting: str, base_dir: Path) -> bool:
+    """Gradient checkpointing recomputes each layer's activations in the backward pass
+    (about a third more compute) to hold only one layer's at a time. A model under
+    ~250M parameters (1 GB in float32) holds them all in a few hundred MB, so "auto"
+    saves the time there and the memory above it."""
+    if setting != "auto":
+        return setting == "on"
+    size = sum(f.stat().st_size for f in Path(base_dir).glob("*.safetensors"))
+    return size >= 1 << 30

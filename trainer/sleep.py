@@ -52,17 +52,6 @@ from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
 
 
-def checkpointing(setting: str, base_dir: Path) -> bool:
-    """Gradient checkpointing recomputes each layer's activations in the backward pass
-    (about a third more compute) to hold only one layer's at a time. A model under
-    ~250M parameters (1 GB in float32) holds them all in a few hundred MB, so "auto"
-    saves the time there and the memory above it."""
-    if setting != "auto":
-        return setting == "on"
-    size = sum(f.stat().st_size for f in Path(base_dir).glob("*.safetensors"))
-    return size >= 1 << 30
-
-
 GROUPS_KEPT = 200  # mixed practice groups kept in the job's progress (the summary has all)
 HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
 
@@ -175,11 +164,9 @@ class Night:
         from trainer.train_cli import read_rows
 
         budget, rate = await self.training_budget()
-        checkpoint = checkpointing(self.config.train.gradient_checkpointing, base_dir)
-        settings = Settings.of(self.config, progress=False,
+        settings = Settings.of(self.config, base_dir, progress=False,
                                start_adapter=str(start_adapter) if start_adapter else None,
                                time_budget_s=budget, expected_tokens_per_s=rate,
-                               gradient_checkpointing=checkpoint,
                                chat_format=(await resolve_async(self.config)).name)
         loop = asyncio.get_running_loop()
         rows = read_rows(dataset)

@@ -11,8 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from core.config import Config
+from core.model.chat_format import resolve
 from trainer.lr_schedule import SCHEDULES
-from trainer.settings import Settings
+from trainer.settings import Settings, checkpointing
 from trainer.train import train
 
 
@@ -23,7 +24,8 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def main(argv: list[str] | None = None, config: Config | None = None) -> int:
     """Train by hand; ``config`` (``python -m trainer --config F train``) gives the defaults."""
-    defaults = Settings.of(config) if config is not None else Settings()
+    defaults = Settings() if config is None else \
+        Settings.of(config, chat_format=resolve(config).name)
     prog = "python -m trainer train" if config is not None else "python -m trainer.train"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="the night's training set (JSONL)")
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__}
+    if config is not None:  # "auto" decides by the size of the checkpoint named here
+        chosen["gradient_checkpointing"] = checkpointing(config.train.gradient_checkpointing,
+                                                         args.base)
     settings = replace(defaults, **chosen, progress=not args.no_progress)
     try:
         result = train(read_rows(args.data), args.base, args.out, settings)

@@ -44,7 +44,8 @@ def release(data_dir: Path, name: str, gguf_bytes: bytes, *, tamper: bool = Fals
     gguf.write_bytes(gguf_bytes)
     if manifest:
         files = {gguf.name: hashlib.sha256(gguf_bytes).hexdigest()}
-        (folder / "release.json").write_text(json.dumps({"files": files}))
+        (folder / "release.json").write_text(json.dumps({"files": files,
+                                                         "serve": {"gguf": gguf.name}}))
     if tamper:
         gguf.write_bytes(gguf_bytes[:-1] + b"!")
     return str(folder), {"gguf": str(gguf)}

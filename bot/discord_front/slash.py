@@ -55,10 +55,11 @@ async def slash(rt: Runtime, interaction: discord.Interaction, name: str,
     # Keyed by id: the interaction's channel object may be a partial one.
     key = str(interaction.channel_id) if interaction.guild_id else f"dm-{user.id}"
     caller = Caller(user.id, role_ids(user), key, f"{user} ({user.id})")
-    # The block lists hold for commands as for messages; an uncached channel is known by
-    # its id alone, so a block by category needs the channel in the cache.
+    # The block lists hold for commands as for messages (roles looked up in the bot's
+    # servers where the interaction carries none); an uncached channel is known by its id
+    # alone, so a block by category needs the channel in the cache.
     where = interaction.channel or discord.Object(interaction.channel_id or 0)
-    blocked = is_blocked(rt.config, origin_of(user, where))
+    blocked = is_blocked(rt.config, origin_of(user, where, interaction.client.guilds))
     if blocked or not await permitted(rt, caller, name, **options):
         await answer_interaction(interaction, COMMANDS[name].refusal, ephemeral=True)
         return
