@@ -335,6 +335,15 @@ def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
     return path
 
 
+def kept_result(folder: Path) -> dict:
+    """A day kept by ``--keep`` as a result: its answers before, and after its own night
+    (the first kept there), for ``--tabulate``."""
+    day = json.loads((folder / "day" / DAY).read_text())
+    nights = sorted((folder / NIGHTS).glob("*.json"))
+    after = json.loads(nights[0].read_text())["after"] if nights else {}
+    return {"before": day["before"], "after": after, "seed": day.get("seed")}
+
+
 def compare_nights(folder: Path, latest: Path) -> tuple[str, tuple | None] | None:
     """This night against the one kept before it on the same day, item by item: the text,
     and the two nights' answers (None when one made no candidate)."""
@@ -458,7 +467,15 @@ def main() -> None:
                         "families, items and seed), run only the night and the answers after on "
                         "each, and compare with the night kept before there (pooled over days)")
     parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
+    parser.add_argument("--tabulate", type=Path, nargs="+", help="run nothing: print the table "
+                        "of days kept by --keep (DIR/day-i), each with its own first night, so "
+                        "that a run cut short still gives its figure")
     args = parser.parse_args()
+    if args.tabulate:
+        days = days_of([kept_result(d) for d in args.tabulate])
+        print(header(sys.argv[1:], []) + "\n")
+        print(table(days, [f for f in args.families if all(f in d for d in days)]))
+        return
     if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:
         parser.error("--day and --keep must be different directories")
     if args.quick:

@@ -4,6 +4,7 @@ it, and ``--day`` starts another night from that copy, untouched by the first ni
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import sys
@@ -163,3 +164,13 @@ def test_nights_on_several_kept_days_are_compared_pooled_over_the_days():
     text = learning.pooled_comparison(pairs, ["a"])
     assert "on each of 2 kept days" in text
     assert "| a | 25.0 | 50.0 | +25.0 | [" in text and "2 day(s)" in text
+
+
+def test_a_kept_day_is_read_back_with_its_own_first_night_for_the_table(tmp_path):
+    (tmp_path / "day").mkdir()
+    (tmp_path / "day" / learning.DAY).write_text(json.dumps(
+        {"since": 1.0, "before": {"a": [0.0, 1.0]}, "after": {}, "seed": 4}))
+    learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0]}}, ["--keep", "x"])
+    learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0]}}, ["--day", "x", "--lr", "2"])
+    result = learning.kept_result(tmp_path)
+    assert result == {"before": {"a": [0.0, 1.0]}, "after": {"a": [1.0, 1.0]}, "seed": 4}
