@@ -56,17 +56,18 @@ def release_problem(release: dict) -> str | None:
         file = path / name
         if not file.is_file():
             return f"{file} is missing"
-        if _sha256(file) != expected:
+        if sha256_file(file) != expected:
             return f"{file} does not match its SHA-256 in release.json"
     if meta.get("mode") == "adapter":
         base = Path(serve.get("gguf") or "")
         if not meta.get("base_gguf_sha256") or not base.is_file() \
-                or _sha256(base) != meta["base_gguf_sha256"]:
+                or sha256_file(base) != meta["base_gguf_sha256"]:
             return f"the base GGUF {base} is missing or not the one the adapter was exported for"
     return None
 
 
-def _sha256(file: Path) -> str:
+def sha256_file(file: Path) -> str:
+    """A file's SHA-256, read in 1 MiB blocks (releases, their bases, the converter's sdist)."""
     digest = hashlib.sha256()
     with file.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

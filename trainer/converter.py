@@ -15,7 +15,6 @@ environment reaches code fetched from a package registry.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +22,8 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+from serving.releases import sha256_file
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 SDIST_SHA256 = {  # the PyPI sdist of each version we know
@@ -64,7 +65,7 @@ def fetch_converter(cache_dir: Path, version: str = LLAMA_CPP_PYTHON_VERSION) ->
                 f"could not download the llama-cpp-python {version} sdist with pip:\n"
                 f"{done.stderr[-2000:]}"
             )
-        if _sha256(sdists[0]) != expected:
+        if sha256_file(sdists[0]) != expected:
             raise ConverterError(f"{sdists[0].name} is not the sdist pinned for {version} "
                                  "(its SHA-256 differs); refusing to run it")
         staging = Path(tmp) / "out"
@@ -86,14 +87,6 @@ def _extract(sdist: Path, out: Path) -> None:
             tar.extract(member, out, filter="data")
     if not (out / "convert_hf_to_gguf.py").is_file():
         raise ConverterError(f"{sdist.name} has no vendor/llama.cpp/convert_hf_to_gguf.py")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _env(conv: Path) -> dict[str, str]:

@@ -27,6 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
+from serving.releases import sha256_file
 from trainer.converter import convert_hf_to_gguf, convert_lora_to_gguf
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -37,14 +38,6 @@ MERGED_DTYPE = "float32"
 
 class ReleaseError(RuntimeError):
     """A release is incomplete, corrupt or does not fit its base."""
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_checksum(model_dir: Path) -> str:
