@@ -58,12 +58,17 @@ def release_problem(release: dict) -> str | None:
             return f"{file} is missing"
         if sha256_file(file) != expected:
             return f"{file} does not match its SHA-256 in release.json"
-    if meta.get("mode") == "adapter":
-        base = Path(serve.get("gguf") or "")
-        if not meta.get("base_gguf_sha256") or not base.is_file() \
-                or sha256_file(base) != meta["base_gguf_sha256"]:
-            return f"the base GGUF {base} is missing or not the one the adapter was exported for"
+    if meta.get("mode") == "adapter" and not adapter_base_matches(meta):
+        return (f"the base GGUF {serve.get('gguf')} is missing or not the one the adapter was "
+                "exported for")
     return None
+
+
+def adapter_base_matches(meta: dict) -> bool:
+    """Whether an adapter release's base GGUF (outside the release) hashes as at export."""
+    base = Path(meta.get("serve", {}).get("gguf") or "")
+    expected = meta.get("base_gguf_sha256")
+    return bool(expected) and base.is_file() and sha256_file(base) == expected
 
 
 def sha256_file(file: Path) -> str:

@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-from serving.releases import sha256_file
+from serving.releases import adapter_base_matches, sha256_file
 from trainer.converter import convert_hf_to_gguf, convert_lora_to_gguf
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -139,12 +139,9 @@ def verify_release(release_dir: Path, base_dir: Path | None = None) -> dict:
     missing = [n for n in (*ADAPTER_FILES, own) if n not in meta.get("files", {})]
     if missing:
         raise ReleaseError(f"release {release_dir.name} does not account for {missing}")
-    if meta.get("mode") == "adapter":
-        base_gguf = Path(serve.get("gguf") or "")
-        if not meta.get("base_gguf_sha256") or not base_gguf.is_file() \
-                or sha256_file(base_gguf) != meta["base_gguf_sha256"]:
-            raise ReleaseError(f"release {release_dir.name}: the base GGUF {base_gguf} it is "
-                               "served on is missing or not the one it was exported for")
+    if meta.get("mode") == "adapter" and not adapter_base_matches(meta):
+        raise ReleaseError(f"release {release_dir.name}: the base GGUF {serve.get('gguf')} it "
+                           "is served on is missing or not the one it was exported for")
     if base_dir is not None and meta.get("base_tokenizer_sha256") != tokenizer_checksum(base_dir):
         raise ReleaseError(f"release {release_dir.name} was trained on another tokenizer or chat "
                            f"template than {base_dir}; refusing it")
