@@ -43,6 +43,7 @@ from trainer.client import JsonClient
 from trainer.collect import ANY_RELEASE, Collection, collect, write_manifest
 from trainer.context import prefix_refs, with_context
 from trainer.judge import Judge, SubTask, WindowResult, channel_days
+from trainer.labellers import cap_labels
 from trainer.rewards import (
     agreement,
     episode_subtask,
@@ -69,6 +70,7 @@ class NightResult:
     subtasks: list[SubTask] = field(default_factory=list)  # what ``remember`` stores
     agreement: dict = field(default_factory=dict)  # the judge against labels and checks
     rewards: dict = field(default_factory=dict)  # source -> {n, mean, spread} (reward_stats)
+    labellers: dict = field(default_factory=dict)  # giver -> labels counted, set aside
 
 
 def night_dir(config: Config, night_id: int) -> Path:
@@ -83,6 +85,8 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     clock = time.perf_counter()
     scanner = SecretScanner(config.secret_values())
     collection = await collect(store, scanner, settings.eval_percent, since, until, release)
+    labellers = cap_labels(collection.episodes, settings.labels_per_person,
+                           config.discord.admin_user_ids)
     days = channel_days(collection.episodes)
     counts.update({f"excluded:{k}": v for k, v in collection.excluded.items()})
     counts["episodes"] = counts["eligible"] = len(collection.episodes)
@@ -122,7 +126,7 @@ async def run_part1(config: Config, store: Store, night_id: int, client: JsonCli
     timings["advantages"] = time.perf_counter() - clock
     progress("advantages", dict(counts))
     return NightResult(night_id, dataset, manifest, counts, timings, subtasks, agreed,
-                       reward_stats(subtasks))
+                       reward_stats(subtasks), labellers)
 
 
 def _to_judge(collection: Collection, days: dict, settings) -> dict:

@@ -141,7 +141,8 @@ class Night:
             await client.close()
         self.part1 = result
         await self.set(counts=dict(result.counts), timings=result.timings,
-                       judge_agreement=result.agreement, rewards=result.rewards)
+                       judge_agreement=result.agreement, rewards=result.rewards,
+                       labellers=result.labellers)
         return result.dataset
 
     async def remember(self) -> None:

@@ -8,6 +8,8 @@ night job's progress as it goes:
 - ``rewards``: per source (verifier, person, judge), ``{n, mean, spread}``;
 - ``judge_agreement``: the blind judge against people's labels and against
   checks, each ``{n, agree, percent, uncovered}``;
+- ``labellers``: per label giver, the episodes their labels decided and those set
+  aside past ``night.labels_per_person`` (``trainer.labellers``);
 - ``trained`` (steps, sequences, tokens, seconds) and ``train_history``: per
   step, the loss parts (``oapl``, ``echo``, ``total``) and the mean
   log-ratios of positive and negative messages;
@@ -110,9 +112,25 @@ def reward_lines(progress: dict) -> list[str]:
              f"{_num(rewards[source].get('spread'), 2)} (n={rewards[source].get('n', 0)})"
              for source in order]
     agreement = progress.get("judge_agreement") or {}
-    return [f"Rewards: {'; '.join(parts) or 'none recorded'}.",
+    givers = [labeller_line(progress)] if progress.get("labellers") else []
+    return [f"Rewards: {'; '.join(parts) or 'none recorded'}.", *givers,
             f"Judge agreement: {_agreement(agreement.get('person'), 'people')}; "
             f"{_agreement(agreement.get('verifier'), 'checks')}."]
+
+
+def labeller_line(progress: dict) -> str:
+    """Who labelled what (``trainer.labellers``): per giver, the episodes their labels
+    decided, and those set aside past a person's share of the night."""
+    report = progress.get("labellers") or {}
+    if not report:
+        return "Labels: none counted."
+    parts = []
+    for giver, entry in sorted(report.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])):
+        text = f"{giver} {entry.get('accepted', 0)} ✅ {entry.get('rejected', 0)} ❌"
+        if entry.get("set_aside"):
+            text += f", {entry['set_aside']} set aside (past their share of the night)"
+        parts.append(text)
+    return "Labels by giver: " + "; ".join(parts) + "."
 
 
 def _mean(values: list) -> float | None:

@@ -63,6 +63,10 @@ class NightConfig(_Section):
                            "passed in a practice group whose attempts differ: best-of-G "
                            "fine-tuning beside OAPL"
     )
+    labels_per_person: int = Field(
+        50, ge=0, description="the most episodes one person's labels decide in a night; past "
+                              "it the judge decides (admins by user id and /label exempt)"
+    )
     budget_s: float = Field(
         1200.0, ge=0, description="seconds a night may take; training takes fewer steps to fit "
                                   "(0 = no limit)"

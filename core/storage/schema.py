@@ -75,6 +75,9 @@ class Episode:
     model_version: str | None
     steps: list[StoredStep] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)  # in the order they were given
+    # Who gave each label (parallel to labels): a reaction's giver, None for an admin
+    # command's; the night caps how many episodes one person's labels decide.
+    labellers: list[int | None] = field(default_factory=list)
     release_id: int | None = None  # the live release when it started; None: the base model
     forgotten_at: float | None = None  # set by /forget: excluded, its text erased
 

@@ -291,7 +291,8 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
                 params,
             )
             label_rows = await db.execute_fetchall(
-                f"SELECT episode_id, label FROM labels WHERE episode_id IN ({chosen}) ORDER BY id",
+                f"SELECT episode_id, label, user_id FROM labels WHERE episode_id IN ({chosen}) "
+                "ORDER BY id",
                 params,
             )
         episodes = {r["id"]: Episode(**dict(r)) for r in episode_rows}
@@ -299,6 +300,7 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
             episodes[r["episode_id"]].steps.append(stored_step(r))
         for r in label_rows:
             episodes[r["episode_id"]].labels.append(r["label"])
+            episodes[r["episode_id"]].labellers.append(r["user_id"])
         await self._expand_tool_sets(list(episodes.values()))
         return list(episodes.values())
 
