@@ -17,6 +17,8 @@ on dpytest, console) with hostile input, and checks the outcome from outside.
 - admin: a non-admin calls every admin command through Discord (slash and !sleep), the
   console and DMs;
 - hostile: the hostile inputs of issue 11 (parts 1-3) and a few more.
+- races: a real background job swaps folders for links while the bot clears scratch,
+  measures usage, walks for git_add and hands the workspace over; a host canary stays.
 
     .venv/bin/python bench/reliability.py [--quick] [--only CATEGORY ...]
 """
@@ -50,6 +52,7 @@ CATEGORIES = {  # name -> module under bench/probes
     "candidate": "candidate",
     "admin": "admin",
     "hostile": "hostile",
+    "races": "races",
 }
 
 
