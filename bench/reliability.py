@@ -19,6 +19,8 @@ on dpytest, console) with hostile input, and checks the outcome from outside.
 - hostile: the hostile inputs of issue 11 (parts 1-3) and a few more.
 - races: a real background job swaps folders for links while the bot clears scratch,
   measures usage, walks for git_add and hands the workspace over; a host canary stays.
+- complexity: glob with 40 `**`, recipe format-spec bombs, six host calls that never
+  return, the day's growth (history tags, episode counts); the loop's stalls measured.
 
     .venv/bin/python bench/reliability.py [--quick] [--only CATEGORY ...]
 """
@@ -53,6 +55,7 @@ CATEGORIES = {  # name -> module under bench/probes
     "admin": "admin",
     "hostile": "hostile",
     "races": "races",
+    "complexity": "complexity",
 }
 
 
