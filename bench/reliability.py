@@ -21,6 +21,8 @@ on dpytest, console) with hostile input, and checks the outcome from outside.
   measures usage, walks for git_add and hands the workspace over; a host canary stays.
 - complexity: glob with 40 `**`, recipe format-spec bombs, six host calls that never
   return, the day's growth (history tags, episode counts); the loop's stalls measured.
+- release-kill: kill -9 of a process writing releases (folder, hashes, the store's row
+  with the gate's decision): nothing torn or gate-failed is ever what promote takes.
 
     .venv/bin/python bench/reliability.py [--quick] [--only CATEGORY ...]
 """
@@ -56,6 +58,7 @@ CATEGORIES = {  # name -> module under bench/probes
     "hostile": "hostile",
     "races": "races",
     "complexity": "complexity",
+    "release-kill": "release_kill",
 }
 
 

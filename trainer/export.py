@@ -84,13 +84,22 @@ def export_release(adapter_dir: Path, base_dir: Path, release_dir: Path, convert
         "serve": serve,
         # Adapter mode serves on a GGUF outside the release: its hash anchors which one.
         "base_gguf_sha256": sha256_file(Path(base_gguf)) if mode == "adapter" else None,
-        "files": {str(p.relative_to(partial)): sha256_file(p)
-                  for p in sorted(partial.rglob("*")) if p.is_file()},
     }
+    seal(partial, release_dir, meta)
+    return serve_paths(release_dir)[0]
+
+
+def seal(partial: Path, release_dir: Path, meta: dict) -> None:
+    """Hash every file of ``partial`` into its release.json, then rename it into place.
+
+    The rename is the one step that makes a release exist: a process killed before it
+    leaves only ``*.partial`` (rebuilt by the next export), and after it a whole release
+    (bench/reliability.py's ``release-kill`` kills it at random moments)."""
+    meta = {**meta, "files": {str(p.relative_to(partial)): sha256_file(p)
+                              for p in sorted(partial.rglob("*")) if p.is_file()}}
     (partial / "release.json").write_text(json.dumps(meta, indent=1, default=_jsonable))
     shutil.rmtree(release_dir, ignore_errors=True)
     os.replace(partial, release_dir)
-    return serve_paths(release_dir)[0]
 
 
 def _merge(adapter_dir: Path, base_dir: Path, out: Path) -> Path:
