@@ -127,7 +127,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                  choices=("accepted", "rejected", "verified")))),
     Command("forget", "exclude an episode from training and erase its text",
             lambda rt, c, episode_id: labelling.forget(rt.store, episode_id, c.user_id,
-                                                       admin=True),
+                                                       admin=True, spaces=rt.spaces),
             (Arg("episode_id", int, "the episode's id"),),
             also_allowed=_episode_author, who="admins, or the episode's author",
             refusal=("Sorry, only the person whose message started that episode, or an "

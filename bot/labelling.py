@@ -9,7 +9,9 @@ or an admin may:
   removing the reaction removes that label, and the latest standing label
   counts (``Episode.label``);
 - have it forgotten (``/forget EPISODE`` or a 🗑 reaction): excluded from
-  training and its text erased from the store (``core.storage.labels``).
+  training and its text erased from the store (``core.storage.forgetting``), even
+  while its turn still runs (the turn stops at its next write), and its copies
+  elsewhere (``bot.forgetting``); the answer says what was erased and what is left.
   Forgetting cannot be undone, so removing the 🗑 does nothing.
 
 Anyone else's reaction is ignored (and logged). An episode with no recorded
@@ -23,7 +25,10 @@ import logging
 from typing import TYPE_CHECKING
 from core.storage.events import Event
 
+from bot.forgetting import erase_copies
+
 if TYPE_CHECKING:
+    from bot.channels import ChannelSpaces
     from core.storage.store import Store
 
 logger = logging.getLogger("nightshift.labels")
@@ -63,13 +68,25 @@ async def label_reaction(store: Store, episode_id: int, emoji: str, user_id: int
     return f"episode {episode_id} labelled {value} by {user_id}"
 
 
-async def forget(store: Store, episode_id: int, user_id: int, admin: bool) -> str:
-    """``/forget``'s and 🗑's act; the text to show (raises ValueError for a bad episode)."""
+async def forget(store: Store, episode_id: int, user_id: int, admin: bool,
+                 spaces: ChannelSpaces | None = None) -> str:
+    """``/forget``'s and 🗑's act; the text to show (raises ValueError for a bad episode).
+    ``spaces``: the channels' tool contexts, to erase the notes and images it made and
+    to list the files it left (without them only the store is seen)."""
     if not await may_handle(store, episode_id, user_id, admin):
         return NOT_YOURS.format(episode=episode_id, act="forget")
     if await store.is_forgotten(episode_id):
         return f"Episode #{episode_id} was already forgotten."
-    erased = await store.forget_episode(episode_id)
-    logger.info("episode %s forgotten by %s (%d steps erased)", episode_id, user_id, erased)
-    return (f"Episode #{episode_id} is forgotten: it will not be trained on, and its text "
-            f"({erased} messages) is erased from the store.")
+    forgotten = await store.forget_episode(episode_id)
+    erased, left = await erase_copies(store, forgotten, spaces)
+    logger.info("episode %s forgotten by %s (%d steps erased; also %s)", episode_id, user_id,
+                forgotten.steps, "; ".join(erased) or "nothing else")
+    lines = [f"Episode #{episode_id} is forgotten: it will not be trained on, and its text "
+             f"({forgotten.steps} messages) is erased from the store."]
+    if forgotten.was_open:
+        lines.append("Its turn had not ended; it stops at its next step, which is not stored.")
+    if erased:
+        lines.append("Also erased: " + "; ".join(erased) + ".")
+    if left:
+        lines.append("Not erased: " + "; ".join(left) + ".")
+    return "\n".join(lines)

@@ -8,6 +8,9 @@ goes live, and the old model keeps serving. A candidate that a newer release
 was trained on top of (its ``base_release_id``) is refused, with the newer one
 named: serving it would silently drop the newer one's training.
 
+A candidate whose night trained on an episode forgotten since (its meta's
+``trained_episodes``; ``trainer.forgets``) is refused and marked rejected.
+
 What serves is what is live: ``serve_live`` points the supervisor at the live
 release before the server first starts, so a restarted bot serves it too.
 
@@ -126,6 +129,14 @@ class Releases:
                         "it is not served. Nothing changed.")
             return ("No candidate release to promote." if release_id is None
                     else f"Release #{release_id} is not a candidate.")
+        gone = await self.store.forgotten_among(candidates[-1]["meta"].get("trained_episodes")
+                                                or [])
+        if gone:  # its weights hold what they learnt from them (trainer.forgets)
+            await self.store.set_release_state(candidates[-1]["id"], "rejected")
+            return (f"Release #{candidates[-1]['id']} refused: its night trained on episode(s) "
+                    f"{', '.join(f'#{i}' for i in sorted(gone))}, forgotten since, and the "
+                    "weights cannot unlearn them; it is marked rejected and never served. "
+                    "Nothing changed.")
         newer = built_on(releases, candidates[-1]["id"])
         if newer:
             names = ", ".join(f"#{r['id']}" for r in newer)

@@ -268,7 +268,7 @@ async def test_a_prefix_is_stored_once_and_only_with_a_committed_step(store, tmp
     rows = await store._fetch("SELECT ref FROM prompt_prefixes")
     assert [r["ref"] for r in rows] == [prefix.ref]  # once; the refused step left nothing
     assert (await store.prompt_prefixes([prefix.ref, other.ref])) == {
-        prefix.ref: {"messages": prefix.messages, "tools": []}}
+        prefix.ref: {"messages": prefix.messages, "tools": [], "sources": [1]}}
 
 
 async def test_the_answer_asked_in_words_after_a_repeat_is_trained_on_what_was_sent(

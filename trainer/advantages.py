@@ -118,7 +118,7 @@ def episode_row(episode: Episode, split: str, covered: dict[int, list[float]],
                 value = None
         advantages.append(value)
     row = {"kind": "episode", "episode_id": episode.id, "channel": episode.channel_id,
-           "split": split, "tools": tools, "messages": messages, "advantages": advantages,
+           "sources": [episode.id], "split": split, "tools": tools, "messages": messages, "advantages": advantages,
            "token_overrides": overrides, "harness": harness, "imitate": imitate,
            "labels": list(episode.labels)}
     return row, table
@@ -143,11 +143,14 @@ def centre(rows: list[dict], table: list[dict]) -> float:
     return mean
 
 
-def value_row(prompt: list[dict], answer: str, reward: float, baseline: float) -> dict:
+def value_row(prompt: list[dict], answer: str, reward: float, baseline: float,
+              sources: list[int] = ()) -> dict:
     """A value prediction as a training sequence: the answer's advantage is its reward
-    (-normalised error) minus the night's mean prediction reward."""
+    (-normalised error) minus the night's mean prediction reward. ``sources``: the
+    episodes its prompt describes (``core.storage.copies``)."""
     messages = [*prompt, {"role": "assistant", "content": answer}]
-    return {"kind": "value_prediction", "episode_id": None, "channel": "", "split": "train",
+    return {"kind": "value_prediction", "episode_id": None, "channel": "",
+            "sources": sorted(sources), "split": "train",
             "tools": [], "messages": messages,
             "advantages": [None] * len(prompt) + [reward - baseline],
             "token_overrides": [], "labels": []}

@@ -91,6 +91,9 @@ def with_context(row: dict, episode: Episode, prefixes: dict[str, dict],
             "token_overrides": [{**o, "message": at[o["message"]]}
                                 for o in row.get("token_overrides") or ()
                                 if o["message"] in actions],
+            # The episodes whose text the row holds: /forget of one drops it (a night
+            # already running rechecks before it trains: core.storage.copies).
+            "sources": sorted({*row.get("sources", ()), *prefixes[ref].get("sources", ())}),
             "context": len(prefix) + seen,
             "prefix_messages": len(prefix),
             "context_group": g,

@@ -63,6 +63,7 @@ class SubTask:
     check: str = ""  # which check or label gave a verifier/person reward
     group: str = ""  # practice attempts of one task share a group (their mean is the baseline)
     looped: bool = False  # a check's reward held down because the attempt's reply looped
+    episodes: list[int] = field(default_factory=list)  # whose messages it was written from
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,6 +78,7 @@ class WindowResult:
     attempts: int = 0
     extends: int = 0
     reason: str = ""
+    episodes: list[int] = field(default_factory=list)  # whose messages the judge was shown
 
 
 def channel_days(episodes: list[Episode]) -> dict[str, list[Message]]:
@@ -173,8 +175,13 @@ class Judge:
             except ValueError as exc:
                 problem = f"{exc}; raw reply: {raw[:200]!r}"
                 continue
-            return WindowResult(channel, lo, "judged", subtasks, attempts, extends)
-        return WindowResult(channel, lo, "skipped", [], attempts, extends, reason=problem)
+            shown = sorted({m.episode_id for m in day[view_lo:view_hi]})  # for /forget
+            for subtask in subtasks:
+                subtask.episodes = shown
+            return WindowResult(channel, lo, "judged", subtasks, attempts, extends,
+                                episodes=shown)
+        return WindowResult(channel, lo, "skipped", [], attempts, extends, reason=problem,
+                            episodes=sorted({m.episode_id for m in day[view_lo:view_hi]}))
 
     def _prompt(self, day: list[Message], lo: int, hi: int, view_lo: int, view_hi: int) -> list[dict]:
         context = ""

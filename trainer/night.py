@@ -152,9 +152,12 @@ def _channel_key(channel: str) -> int:
     return int.from_bytes(hashlib.sha256(channel.encode()).digest()[:4], "big")
 
 
-def remember(memory: ValueMemory, result: NightResult, now: float) -> None:
-    """The night's one memory update: call it only after training succeeded."""
-    memory.add_batch(result.subtasks, result.night_id, now)
+def remember(memory: ValueMemory, result: NightResult, now: float,
+             forgotten: set[int] = frozenset()) -> None:
+    """The night's one memory update: call it only after training succeeded. Sub-tasks
+    written from an episode forgotten since (``forgotten``) are not remembered."""
+    kept = [s for s in result.subtasks if not set(s.episodes) & forgotten]
+    memory.add_batch(kept, result.night_id, now)
 
 
 def _by_precedence(collection: Collection, days: dict, judged: list[SubTask], settings,
@@ -172,6 +175,8 @@ def _by_precedence(collection: Collection, days: dict, judged: list[SubTask], se
     kept = [s for s in judged if not overridden(s, days[s.channel], ruled)]
     subtasks = [*ruling.values(), *kept]
     for s in subtasks:
+        if not s.episodes:  # a check's or a label's, or judged before records named them
+            s.episodes = sorted({m.episode_id for m in days[s.channel][s.start:s.end + 1]})
         counts[f"source:{s.source}"] += 1
         if s.looped:
             counts["looped"] += 1  # a check's reward held down: the attempt looped
@@ -205,8 +210,10 @@ async def _judge_all(store: Store, night_id: int, judge: Judge, days: dict, coun
 
 
 def _window_record(result: WindowResult) -> dict:
+    # ``episodes``: what /forget deletes it for (core.storage.forgetting).
     return {"status": result.status, "subtasks": [s.as_dict() for s in result.subtasks],
-            "attempts": result.attempts, "extends": result.extends, "reason": result.reason}
+            "attempts": result.attempts, "extends": result.extends, "reason": result.reason,
+            "episodes": result.episodes}
 
 
 async def _predict_all(store: Store, night_id: int, client: JsonClient, memory: ValueMemory,
@@ -221,11 +228,13 @@ async def _predict_all(store: Store, night_id: int, client: JsonClient, memory: 
                               settings.half_life_days, exclude_night=night_id)
         done[subtask.key] = ({"missing": True} if found is None else
                              {"reward": found.reward, "length": found.length, "prompt": found.prompt,
-                              "answer": found.answer, "neighbours": found.neighbours})
+                              "answer": found.answer, "neighbours": found.neighbours,
+                              "episodes": found.episodes})
         await store.put_record(night_id, "prediction", subtask.key, done[subtask.key])
         progress("value", {"subtask": subtask.key})
     wanted = {s.key for s in subtasks}  # the ledger may hold keys a label has since overridden
-    out = {k: Prediction(k, v["reward"], v["length"], v["prompt"], v["answer"], v["neighbours"])
+    out = {k: Prediction(k, v["reward"], v["length"], v["prompt"], v["answer"], v["neighbours"],
+                         v.get("episodes", []))
            for k, v in done.items() if k in wanted and not v.get("missing")}
     counts["predictions"] = len(out)
     counts["predictions_missing"] = sum(1 for k, v in done.items() if k in wanted and v.get("missing"))
@@ -240,7 +249,7 @@ async def _understand_all(store: Store, night_id: int, client: JsonClient, episo
         if key in done or not sampled(episode.id, settings.understanding_fraction, settings.seed):
             continue
         score = await understanding_score(client, episode)
-        done[key] = {"score": score}
+        done[key] = {"score": score, "episodes": [episode.id]}
         await store.put_record(night_id, "understanding", key, done[key])
         progress("understanding", {"episode": episode.id})
     asked = {str(e.id) for e in episodes}  # a resumed ledger may hold episodes since ruled
@@ -287,7 +296,8 @@ async def _rows(store: Store, days: dict, collection: Collection, subtasks: list
                      if k in by_key}
     if value_rewards:
         baseline = sum(value_rewards.values()) / len(value_rewards)
-        rows += [value_row(predictions[k].prompt, predictions[k].answer, r, baseline)
+        rows += [value_row(predictions[k].prompt, predictions[k].answer, r, baseline,
+                           sorted(set(by_key[k].episodes) | set(predictions[k].episodes)))
                  for k, r in value_rewards.items()]
     return rows, table
 

@@ -26,6 +26,12 @@ done and the export and the gate are reserved (their time on the last night that
 them, ``stage_seconds``); a night that would run past it trains fewer steps and says so
 (``trained.budget_note``, in the report), from an earlier night's tokens/s and its own.
 
+Forgetting (``trainer.forgets``): right before training the night drops the rows of
+episodes forgotten since it collected them, and it refuses its own release when one it
+trained on is forgotten later. It holds the value memory's lock while the memory is
+open, and purges the memories of forgotten episodes when it opens it, when it adds to
+it and before it lets it go (``core.storage.copies``).
+
 Cancellation: ``/wake`` marks the job cancelled (and sends SIGTERM); the job
 checks its state between stages and between training steps.
 """
@@ -37,15 +43,18 @@ import json
 import os
 import time
 import traceback
+from contextlib import ExitStack
 from pathlib import Path
 
 from core.config import Config
 from core.model.chat_format import resolve_async
+from core.storage.copies import holding_value_memory
 from core.storage.embedder import MiniLMEmbedder
 from core.storage.store import Store
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
+from trainer.forgets import ForgottenAfterTraining, drop_forgotten, refuse_if_forgotten
 from trainer.gate import run_gate
 from trainer.margins import summary
 from trainer.night import NightResult, night_dir, remember, run_part1
@@ -76,6 +85,7 @@ class Night:
         self.progress: dict = {}
         self.part1: NightResult | None = None
         self._memory: ValueMemory | None = None
+        self._held = ExitStack()  # the value memory's lock, while the memory is open
         self.args: dict = {}  # the job's inputs (since, agent_view, heldout)
 
     async def set(self, state: str | None = None, **progress) -> None:
@@ -125,11 +135,31 @@ class Night:
 
     def memory(self) -> ValueMemory:
         if self._memory is None:  # one embedder load per night
+            self._held.enter_context(holding_value_memory(self.config.data_dir))
             self._memory = ValueMemory(self.config.data_dir / "value-memory", MiniLMEmbedder())
         return self._memory
 
+    async def purge_memory(self) -> None:
+        """Delete the memories of every forgotten episode (one forgotten while no night
+        held the memory was purged by /forget; this catches the others)."""
+        forgotten = await self.store.forgotten_episodes()
+        if forgotten:
+            await asyncio.to_thread(self.memory().forget, forgotten)
+
+    async def close(self) -> None:
+        """Purge the memory once more and let it go: a forget made while this night held
+        it is honoured before another process may open it."""
+        try:
+            if self._memory is not None:
+                await self.purge_memory()
+        except Exception as exc:  # noqa: BLE001 - the night's outcome stands; said in its row
+            await self.set(memory_purge_error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._held.close()
+
     async def judge(self) -> Path:
         await self.set("judging")
+        await self.purge_memory()
         until = self.progress.setdefault("collected_until", time.time())
         client = JsonClient.for_config(self.config)
         try:
@@ -149,9 +179,26 @@ class Night:
         """The value memory's one update of this night, after training succeeded."""
         if self.part1 is None or self.progress.get("remembered"):
             return
+        forgotten = await self.store.forgotten_among(
+            {i for s in self.part1.subtasks for i in s.episodes})
         await asyncio.to_thread(remember, self.memory(), self.part1,
-                                self.progress["collected_until"])
+                                self.progress["collected_until"], forgotten)
+        await self.purge_memory()
         await self.set(remembered=True)
+
+    async def honour_forgets(self, dataset: Path) -> None:
+        """Right before training: the rows of episodes forgotten since collect are dropped,
+        and what it trains on is kept (``trained_episodes``) for the release to carry."""
+        kept, forgotten, dropped = await drop_forgotten(self.store, dataset)
+        if forgotten:
+            await self.set(dropped_forgotten={"episodes": sorted(forgotten), "rows": dropped})
+        adapter = self.dir / "adapter" / "adapter_model.safetensors"
+        if not ("trained" in self.progress and adapter.is_file()):  # not a finished training
+            await self.set(trained_episodes=sorted(kept))
+
+    async def refuse_if_forgotten(self, when: str) -> None:
+        """Once trained: an episode it trained on and forgotten since refuses the release."""
+        await refuse_if_forgotten(self.store, self.progress.get("trained_episodes") or [], when)
 
     async def train(self, dataset: Path, base_dir: Path, start_adapter: Path | None = None) -> dict:
         """Train the night's LoRA on ``base_dir``; in adapter mode ``start_adapter`` is the live
@@ -276,9 +323,13 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
             await _stages(night, config, store)
         except Cancelled:
             await store.update_job(job_id, state="cancelled", error="cancelled by /wake")
+        except ForgottenAfterTraining as exc:
+            await _refused(night, store, exc)
         except Exception as exc:
             await store.update_job(job_id, state="failed", error=f"{type(exc).__name__}: {exc}\n"
                                    + traceback.format_exc()[-2000:])
+        finally:
+            await night.close()
         return job_id
     finally:
         await store.close()
@@ -290,22 +341,41 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     night.progress.setdefault("base_release", base_release)
     dataset = await night.judge()
     await night.check()
+    await night.honour_forgets(dataset)
     trained = await night.train(dataset, base_dir, live_adapter(config, live_lora))
     await night.remember()
     await night.check()
+    await night.refuse_if_forgotten("before the export")
     release = await night.export(base_dir, trained["steps"], live_gguf)
     await night.check()
     report = await night.gate(dataset, (live_gguf, live_lora), release, night.args)
+    await night.refuse_if_forgotten("before its release was recorded")
     gguf, lora = serve_paths(release)
     meta = {"gguf": str(gguf), "lora": str(lora) if lora else None, "night": night.job_id,
             "merged_dir": str(release / "merged") if (release / "merged").is_dir() else None,
             "hf_base": str(base_dir),  # an adapter release's next night continues on it
-            "base_release_id": night.progress["base_release"], "gate": report}
+            "base_release_id": night.progress["base_release"], "gate": report,
+            # /promote refuses it if one of them is forgotten later (serving.releases).
+            "trained_episodes": night.progress.get("trained_episodes")}
     existing = [r for r in await store.releases() if r["name"] == release.name]
     state = "rejected" if outcome_of(report) == "reject" else "candidate"
     release_id = existing[0]["id"] if existing else await store.add_release(
         release.name, str(release), meta, state)
     await finish(night, store, report, release_id)
+
+
+async def _refused(night: Night, store: Store, exc: ForgottenAfterTraining) -> None:
+    """The night trained on an episode forgotten since: its release (if one was recorded
+    already, by a run this one resumed) is rejected, its dataset loses the rows, and the
+    job fails saying why. Its episodes stay for the next night (it was not promoted)."""
+    name = f"night-{night.job_id:04d}"
+    for release in await store.releases():
+        if release["name"] == name and release["state"] == "candidate":
+            await store.set_release_state(release["id"], "rejected")
+    dataset = night.dir / "train.jsonl"
+    if dataset.is_file():
+        await drop_forgotten(store, dataset)
+    await store.update_job(night.job_id, state="failed", error=str(exc))
 
 
 def outcome_of(report: dict) -> str:

@@ -17,6 +17,11 @@ succeeded (``trainer.night.remember``): no sub-task of this night can influence
 another's prediction, and a night run again after a failure never retrieves
 its own answers. ``nearest`` also leaves out the memories of the night asking.
 
+Each memory names the episodes its description came from (``episodes`` metadata,
+``core.storage.copies``), and a prediction the episodes of its sub-task and of the
+memories it was shown: ``/forget`` of one of them deletes the memory (``forget``) and the
+rows and ledger records made from it.
+
 The prediction texts become training sequences too, with
 reward = -(|r - r_hat| / 2 + |len - len_hat| / max(len, len_hat)) / 2, in [-1, 0],
 so the value estimate improves with the policy.
@@ -25,9 +30,10 @@ so the value estimate improves with the policy.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.storage.copies import episodes_meta, meta_episodes, stale_memories
 from trainer.client import JsonClient
 from trainer.judge import SubTask
 
@@ -51,6 +57,7 @@ class Prediction:
     prompt: list[dict]
     answer: str
     neighbours: int
+    episodes: list[int] = field(default_factory=list)  # whose text its prompt holds
 
 
 class ValueMemory:
@@ -80,7 +87,8 @@ class ValueMemory:
             weight = similarity * 0.5 ** (age_days / half_life_days)
             out.append({"description": text, "reward": float(meta["reward"]),
                         "length": int(meta["length"]), "age_days": age_days,
-                        "similarity": similarity, "weight": weight})
+                        "similarity": similarity, "weight": weight,
+                        "episodes": sorted(meta_episodes(meta) or ())})
         return sorted(out, key=lambda m: -m["weight"])
 
     def add_batch(self, subtasks: list[SubTask], night_id: int, now: float) -> None:
@@ -91,7 +99,15 @@ class ValueMemory:
             ids=[f"{night_id}:{s.key}" for s in subtasks],
             documents=[s.description for s in subtasks],
             metadatas=[{"reward": s.reward, "length": s.length, "date": now, "channel": s.channel,
-                        "night": night_id, "source": s.source} for s in subtasks])
+                        "night": night_id, "source": s.source,
+                        "episodes": episodes_meta(s.episodes)} for s in subtasks])
+
+    def forget(self, forgotten: dict[int, str]) -> int:
+        """Delete the memories made from forgotten episodes (id -> channel); how many."""
+        stale = stale_memories(self.collection, forgotten)
+        if stale:
+            self.collection.delete(ids=stale)
+        return len(stale)
 
     def count(self) -> int:
         return self.collection.count()
@@ -121,8 +137,9 @@ async def predict(client: JsonClient, memory: ValueMemory, subtask: SubTask, k: 
                                        temperature=0.0 if attempt == 0 else 0.7)
         if isinstance(answer, dict) and answer.get("score") in (-2, -1, 0, 1, 2) \
                 and isinstance(answer.get("length"), int) and answer["length"] >= 1:
+            shown = set(subtask.episodes).union(*(m["episodes"] for m in neighbours))
             return Prediction(subtask.key, answer["score"] / 2, float(answer["length"]),
-                              prompt, raw, len(neighbours))
+                              prompt, raw, len(neighbours), sorted(shown))
     return None
 
 

@@ -26,6 +26,10 @@ one ask without tools, for an answer. Both are stored as events for the night.
 front end can show that a turn is working (the console on stderr, Discord as
 a status message).
 
+A ``/forget`` of the turn's own episode while it runs (``core.storage.forgetting``)
+stops it at its next write, which the store refuses: nothing more of it is stored, the
+note or image its last tool made is erased (``bot.forgetting``), and the user is told.
+
 When the context outgrows the window, older messages are compacted into a
 summary written by the model (``bot.agent.compaction``); an answer that reads as
 unfinished is questioned once (``bot.agent.stray``).
@@ -54,13 +58,17 @@ from bot.agent.messages import (
     strip_reasoning,
 )
 from bot.agent.stray import STRAY_CONTINUE, ask_meant_to_continue
+from bot.forgetting import forget_refused_step
 from core.config import Config
+from core.storage.forgetting import EpisodeForgotten
 from core.storage.events import Event
 from core.storage.store import Prefix, Step, Store, StoredStep
 from serving.client import LLM, LLMError, Reply
 
 # Registry error kinds that mean the model formed the call badly (not a tool refusing).
 FORMAT_ERRORS = ("unknown_tool", "arguments")
+FORGOTTEN_NOTE = ("(this conversation was forgotten (/forget) while I was answering it, so "
+                  "I stopped; nothing more of it was stored)")
 CUT_NOTE = ("(this reply was cut off: it reached the limit of {tokens} tokens per reply. "
             "Ask me to continue.)")
 
@@ -198,6 +206,9 @@ class Agent:
             await self.store.end_episode(episode, end.status)
             return TurnResult(channel, end.message, episode, ok=False, steps=turn.steps,
                               files=outbox_files(turn.ctx))
+        except EpisodeForgotten:  # the forget closed the episode; its files are not sent
+            outbox_files(turn.ctx)
+            return TurnResult(channel, FORGOTTEN_NOTE, episode, ok=False, steps=turn.steps)
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
@@ -325,7 +336,11 @@ class Agent:
             step = Step(role="tool", content=output, tool_call_id=call.get("id"), name=name,
                         started_at=started, duration_ms=(time.time() - started) * 1000,
                         meta={"ok": result.ok, **result.meta})
-            await self._store(episode, step)
+            try:
+                await self._store(episode, step)
+            except EpisodeForgotten:  # what its tool made after the forget goes too
+                await forget_refused_step(self.store, turn.ctx, step)
+                raise
             messages.append({"role": "tool", "tool_call_id": call.get("id") or "",
                              "name": name, "content": output})
             if result.ok and "image" in result.meta and self.config.model.vision:
@@ -402,7 +417,9 @@ class Agent:
         except LLMError as exc:
             raise TurnEnded(f"(the model server failed while compacting: {exc})",
                             status="errored") from exc
+        # ``sources``: the episodes it may summarise, so that /forget of one empties it.
         await self.store.add_event(turn.channel, turn.episode, Event.COMPACTION,
-                                   {"messages": old, "summary": summary})
+                                   {"messages": old, "summary": summary, "sources": sorted(
+                                       turn.context.sources | {turn.episode})})
         turn.context.compacted(old + 1, turn.episode)
         return compacted(messages, old, summary)

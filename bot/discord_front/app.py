@@ -299,8 +299,8 @@ class NightshiftBot(commands.Bot):
         admin = is_admin(self.rt.config, payload.user_id, origin.role_ids)
         try:
             if emoji == labelling.FORGET_REACTION:
-                what = (await labelling.forget(self.rt.store, episode, payload.user_id, admin)
-                        if added else None)
+                what = (await labelling.forget(self.rt.store, episode, payload.user_id, admin,
+                                               self.rt.spaces) if added else None)
             else:
                 what = await labelling.label_reaction(self.rt.store, episode, emoji,
                                                       payload.user_id, admin, added)

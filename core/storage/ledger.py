@@ -16,15 +16,23 @@ from __future__ import annotations
 
 import time
 
+from core.storage.forgetting import forgotten_sources_sql
 from core.storage.schema import dumps, loads, record
 
 
 class NightLedger:
-    async def put_record(self, night_id: int, kind: str, key: str, payload: dict) -> None:
-        """Remember one finished work item of a night (a judged window, a prediction...)."""
-        await self._fetch(
+    async def put_record(self, night_id: int, kind: str, key: str, payload: dict) -> bool:
+        """Remember one finished work item of a night (a judged window, a prediction...).
+
+        ``payload["episodes"]`` lists the episodes whose text it was made from, so that
+        ``/forget`` can delete it; one naming an episode forgotten meanwhile is not stored
+        (False): the night judged it before the forget, and must not keep what it wrote."""
+        rows = await self._fetch(
             "INSERT OR REPLACE INTO night_records (night_id, kind, key, payload, created_at) "
-            "VALUES (?, ?, ?, ?, ?)", (night_id, kind, key, dumps(payload, "record"), time.time()))
+            "SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT "
+            + forgotten_sources_sql("json_extract(?4, '$.episodes')") + " RETURNING night_id",
+            (night_id, kind, key, dumps(payload, "record"), time.time()))
+        return bool(rows)
 
     async def records(self, night_id: int, kind: str) -> dict[str, dict]:
         rows = await self._fetch("SELECT key, payload FROM night_records WHERE night_id = ? "

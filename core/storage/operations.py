@@ -9,6 +9,11 @@ step for an ended episode); it is then undone alone.
 
 Memory is touched only as an operation's last actions, so that one which
 raises leaves nothing there (``HistoryCache``'s rules).
+
+A forgotten episode (``core.storage.forgetting``) takes nothing more: a step for it
+raises ``EpisodeForgotten`` (the turn that was still running stops there), its end is
+a no-op (the forget closed it), its events are stored with an empty payload, and a
+prompt prefix or compaction summary that names it among its sources is not stored.
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, Callable
 
+from core.storage.forgetting import KEPT_EVENTS, EpisodeForgotten, forgotten_sources_sql
 from core.storage.history import HistoryCache
 from core.storage.prefixes import INSERT_PREFIX
 from core.storage.schema import StoredStep, insert_step
 
 
 def missing_or_closed(db: sqlite3.Connection, episode_id: int) -> ValueError:
-    row = db.execute("SELECT status FROM episodes WHERE id = ?", (episode_id,)).fetchone()
+    row = db.execute("SELECT status, forgotten_at FROM episodes WHERE id = ?",
+                     (episode_id,)).fetchone()
     if row is None:
         return ValueError(f"no episode {episode_id}")
+    if row["forgotten_at"] is not None:
+        return EpisodeForgotten(episode_id)
     return ValueError(f"episode {episode_id} is already {row['status']}, not open")
 
 
@@ -57,7 +66,9 @@ def end_episode(db: sqlite3.Connection, memory: HistoryCache, episode_id: int, s
     if not db.execute(
             "UPDATE episodes SET status = ?, ended_at = ? WHERE id = ? AND status = 'open' "
             "RETURNING id", (status, ended, episode_id)).fetchall():
-        raise missing_or_closed(db, episode_id)
+        refused = missing_or_closed(db, episode_id)
+        if not isinstance(refused, EpisodeForgotten):  # the forget closed it: nothing to do
+            raise refused
 
 
 def add_step(db: sqlite3.Connection, memory: HistoryCache, episode_id: int, values: tuple,
@@ -84,14 +95,24 @@ def channel_history(db: sqlite3.Connection, memory: HistoryCache, channel_id: st
 
 
 def add_event(db: sqlite3.Connection, memory: HistoryCache, values: tuple) -> int:
-    episode_id = values[1]
-    row = db.execute(
+    """An event; for a forgotten episode, or carrying text of one (a compaction summary
+    whose ``sources`` name it), its payload is stored empty."""
+    channel_id, episode_id, kind, payload, created = values[:5]
+    if episode_id is not None:
+        row = db.execute("SELECT forgotten_at FROM episodes WHERE id = ?",
+                         (episode_id,)).fetchone()
+        if row is None:
+            raise ValueError(f"no episode {episode_id}")
+        if row["forgotten_at"] is not None and kind not in KEPT_EVENTS:
+            payload = "{}"
+    if '"sources"' in payload and db.execute(
+            "SELECT " + forgotten_sources_sql("json_extract(?, '$.sources')"),
+            (payload,)).fetchone()[0]:
+        payload = "{}"
+    return db.execute(
         "INSERT INTO events (channel_id, episode_id, kind, payload, created_at) "
-        "SELECT ?, ?, ?, ?, ? WHERE ? IS NULL OR EXISTS "
-        "(SELECT 1 FROM episodes WHERE id = ?) RETURNING id", values).fetchone()
-    if row is None:
-        raise ValueError(f"no episode {episode_id}")
-    return row["id"]
+        "VALUES (?, ?, ?, ?, ?) RETURNING id",
+        (channel_id, episode_id, kind, payload, created)).fetchone()["id"]
 
 
 OPERATIONS: dict[str, Callable[..., Any]] = {

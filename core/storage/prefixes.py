@@ -30,10 +30,14 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from core.storage.forgetting import forgotten_sources_sql
 from core.storage.schema import dumps, loads
 
+# A prefix naming a forgotten episode among its sources is not stored: a turn that read
+# the episode's text before the forget must not store it again (core.storage.forgetting).
 INSERT_PREFIX = ("INSERT OR IGNORE INTO prompt_prefixes (ref, messages, tools_ref, sources, "
-                 "created_at) VALUES (?, ?, ?, ?, ?)")
+                 "created_at) SELECT ?1, ?2, ?3, ?4, ?5 WHERE NOT "
+                 + forgotten_sources_sql("?4"))
 
 
 @dataclass
@@ -63,17 +67,19 @@ class Prefix:
 
 class Prefixes:
     async def prompt_prefixes(self, refs: set[str] | list[str]) -> dict[str, dict]:
-        """ref -> {"messages": [...], "tools": [...]} for the stored ones among ``refs``
-        (a deleted prefix is simply absent)."""
+        """ref -> {"messages": [...], "tools": [...], "sources": [episode ids]} for the
+        stored ones among ``refs`` (a deleted prefix is simply absent)."""
         refs = sorted(set(refs))
         out: dict[str, dict] = {}
         for i in range(0, len(refs), 500):  # SQLite's bound-parameter limit, with room
             chunk = refs[i:i + 500]
             rows = await self._fetch(
-                "SELECT p.ref, p.messages, t.schemas FROM prompt_prefixes p LEFT JOIN tool_sets t "
+                "SELECT p.ref, p.messages, p.sources, t.schemas FROM prompt_prefixes p "
+                "LEFT JOIN tool_sets t "
                 f"ON t.ref = p.tools_ref WHERE p.ref IN ({','.join('?' * len(chunk))})",
                 tuple(chunk))
             for r in rows:
                 out[r["ref"]] = {"messages": loads(r["messages"]),
-                                 "tools": loads(r["schemas"]) or []}
+                                 "tools": loads(r["schemas"]) or [],
+                                 "sources": loads(r["sources"]) or []}
         return out

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import aiosqlite
 
+from core.storage.forgetting import ForgetBook
 from core.storage.group_commit import GroupCommit
 from core.storage.jobs import JobBook
 from core.storage.labels import LabelBook
@@ -62,8 +63,10 @@ __all__ = ["Episode", "Prefix", "SchemaTooNewError", "Step", "Store", "StoredSte
 _BUSY_TIMEOUT_MS = 10_000
 
 
-class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
+class Store(NightLedger, ToolSets, Prefixes, LabelBook, ForgetBook, JobBook):
     """Trajectories, labels, events, jobs and releases in one SQLite file."""
+
+    busy_timeout_ms = _BUSY_TIMEOUT_MS
 
     def __init__(self, db: aiosqlite.Connection, path: str, schema_version: int,
                  commits: GroupCommit) -> None:
@@ -121,6 +124,9 @@ class Store(NightLedger, ToolSets, Prefixes, LabelBook, JobBook):
         # flush per chat message, for durability we do not need.
         await db.execute("PRAGMA synchronous = NORMAL")
         await db.execute("PRAGMA foreign_keys = ON")
+        # /forget erases on this connection: the bytes it frees are zeroed, not left in the
+        # file's free pages (core.storage.forgetting). Erasures are rare, so it costs little.
+        await db.execute("PRAGMA secure_delete = ON")
 
     async def close(self) -> None:
         if self._closed:
