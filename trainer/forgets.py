@@ -50,8 +50,11 @@ async def drop_forgotten(store: Store, dataset: Path) -> tuple[set[int], set[int
     (the episodes its rows still carry, those forgotten, rows dropped)."""
     sources = await asyncio.to_thread(_sources, dataset)
     forgotten = await store.forgotten_among(sources)
-    dropped = await asyncio.to_thread(scrub_dataset, dataset, forgotten) if forgotten else 0
-    return sources - forgotten, forgotten, dropped
+    if not forgotten:
+        return sources, forgotten, 0
+    dropped = await asyncio.to_thread(scrub_dataset, dataset, forgotten)
+    # A row that carried a forgotten episode went whole, with the others it carried.
+    return await asyncio.to_thread(_sources, dataset), forgotten, dropped
 
 
 async def refuse_if_forgotten(store: Store, trained: list[int], when: str) -> None:

@@ -50,8 +50,17 @@ def carries(row: dict, forgotten: set[int], texts: tuple[str, ...] = ()) -> bool
         return True
     if "sources" in row or not texts:
         return False
-    body = json.dumps(row.get("messages", []), ensure_ascii=False)
+    body = "\n".join(_text(m) for m in row.get("messages", []))
     return any(text in body for text in texts if len(text) >= _MIN_TEXT)
+
+
+def _text(message: dict) -> str:
+    """A message's words as written (a JSON dump would escape a newline in them)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    calls = message.get("tool_calls")
+    return str(content or "") + (json.dumps(calls, ensure_ascii=False) if calls else "")
 
 
 def erased_texts(contents: list[str]) -> tuple[str, ...]:
