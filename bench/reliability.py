@@ -23,6 +23,9 @@ on dpytest, console) with hostile input, and checks the outcome from outside.
   return, the day's growth (history tags, episode counts); the loop's stalls measured.
 - release-kill: kill -9 of a process writing releases (folder, hashes, the store's row
   with the gate's decision): nothing torn or gate-failed is ever what promote takes.
+- forget: /forget against a running turn (mid-tool, mid-reply, the next turn compacting
+  it), a running night (before and after it trains, /promote, its held memory) and after a
+  kill -9 mid-turn; a planted string is found only where the README says.
 
     .venv/bin/python bench/reliability.py [--quick] [--only CATEGORY ...]
 """
@@ -59,6 +62,7 @@ CATEGORIES = {  # name -> module under bench/probes
     "races": "races",
     "complexity": "complexity",
     "release-kill": "release_kill",
+    "forget": "forget",
 }
 
 

@@ -38,6 +38,8 @@ class ForgottenAfterTraining(Exception):
 
 def _sources(dataset: Path) -> set[int]:
     found: set[int] = set()
+    if not dataset.is_file():  # nothing to train on: the training says so
+        return found
     with dataset.open(encoding="utf-8") as f:
         for line in f:
             if line.strip():
