@@ -167,8 +167,8 @@ async def erase_copies(store: Store, forgotten: Forgotten, spaces: ChannelSpaces
                                       episode.ended_at or time.time())
     left += await _releases_left(store, episode.id)
     if not forgotten.checkpointed:
-        left.append("an old copy in the store's write-ahead log, until its next checkpoint "
-                    "(a night was reading the store)")
+        left.append("an old copy in the store's write-ahead log, until a later checkpoint "
+                    "truncates it (the store was busy: a night reading it, or turns writing)")
     return erased, left
 
 

@@ -47,9 +47,11 @@ async def plant(store: Store, spaces: ChannelSpaces, embedder) -> int:
         (images / f"{digest}.png").write_bytes(PLANTED.encode())
     episode, _ = await store.start_turn("general", "m", [
         Step(role="system", content="sys"),
-        Step(role="user", content=f"keep this safe: {PLANTED}\n[attached: uploads/plan.txt (21 B)]")])
-    call = {"id": "1", "type": "function", "function": {
-        "name": "note_create", "arguments": f'{{"title": "plan", "text": "the plan is {PLANTED}"}}'}}
+        Step(role="user",
+             content=f"keep this safe: {PLANTED}\n[attached: uploads/plan.txt (21 B)]")])
+    arguments = f'{{"title": "plan", "text": "the plan is {PLANTED}"}}'
+    call = {"id": "1", "type": "function",
+            "function": {"name": "note_create", "arguments": arguments}}
     await store.add_step(episode, Step(role="assistant", content="", tool_calls=[call]))
     await store.add_step(episode, Step(role="tool", name="note_create",
                                        content=f"saved note {note} (for this channel); ..."))

@@ -48,7 +48,8 @@ from trainer.value import ValueMemory
 ROOT = Path(__file__).resolve().parents[2]
 LEFT = ("workspaces/", "channels/", "notes/", "value-memory/")  # the README's list
 TOOLS = [{"type": "function", "function": {"name": n, "description": n, "parameters": {
-    "type": "object", "properties": {"text": {"type": "string"}}}}} for n in ("note_create", "read")]
+    "type": "object", "properties": {"text": {"type": "string"}}}}}
+         for n in ("note_create", "read")]
 
 
 def found(data_dir: Path, planted: str, notes: NoteStore) -> list[str]:
