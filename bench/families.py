@@ -16,6 +16,14 @@ the bench scores them with the product's own parser and checks:
   right a fair share of the time before any night, so its practice groups
   hold passing and failing attempts side by side, and only the
   group-relative loss can teach it;
+- ``last``: the word that comes last in a list of four the prompt gives; a python
+  check passes an answer whose first word from the list is the last one, in any
+  words. No reference. The embedded model is right about a third of the time
+  before any night (it names a word of the list, often another, or one it made
+  up): unlike ``compare``, whose rule (which number is larger) a 135M model does
+  not learn in a night, the rule here is one it can follow (copy a word from a
+  place in the prompt), the same on every item, so what its passing attempts share
+  can carry to held-out items;
 - ``tool``: choosing the right tool with the right arguments: make a folder,
   or write a file with a given content; a python check (in the sandbox)
   reads the workspace: 1 when it is exactly right, 0.5 for the right kind of
@@ -51,6 +59,12 @@ def reward(answer, workspace):
     numbers = re.findall(r"\\d+", answer)
     return 1.0 if numbers[:1] == [{big!r}] else 0.0
 """
+LIST_CHECK = """import re
+def reward(answer, workspace):
+    listed = {words!r}
+    named = [w for w in re.findall(r"[a-z]+", answer.lower()) if w in listed]
+    return 1.0 if named[:1] == [{last!r}] else 0.0
+"""
 FILE_CHECK = """from pathlib import Path
 def reward(answer, workspace):
     path = Path(workspace) / {name!r}
@@ -84,6 +98,14 @@ def compare(rng: random.Random) -> dict:
             "code": CHOICE_CHECK.format(big=str(max(a, b)), small=str(min(a, b)))}
 
 
+def last(rng: random.Random) -> dict:
+    words = rng.sample(WORDS, 4)
+    return {"id": "last-" + "-".join(words),
+            "prompt": f"Here is a list of words: {', '.join(words)}. Which word comes last "
+                      "in the list?",
+            "code": LIST_CHECK.format(words=words, last=words[-1])}
+
+
 def tool(rng: random.Random) -> dict:
     word, other = rng.sample(WORDS, 2)
     if rng.random() < 0.5:
@@ -103,7 +125,8 @@ def tool(rng: random.Random) -> dict:
                 "path": name, "content": other}}], "answer": f"I created {name}."}}
 
 
-FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "compare": compare, "tool": tool}
+FAMILIES = {"arithmetic": arithmetic, "protocol": protocol, "compare": compare, "last": last,
+            "tool": tool}
 
 
 def items(family: str, train: int, held: int, seed: int = 0) -> tuple[list[dict], list[dict]]:

@@ -55,3 +55,17 @@ async def test_the_tool_family_checks_the_workspace_in_the_sandbox(tmp_path):
             _, _, word, other = item["id"].split("-")
             (root / f"{word}.txt").write_text(other + "\n")
         assert (await judge(task, "done", workspace, sandbox)).reward == 1.0
+
+
+async def test_the_last_family_passes_the_last_word_named_first_in_any_words(tmp_path):
+    train, _ = families.items("last", 3, 0)
+    pset = load_set(families.write_set(tmp_path / "sets", "last", train))
+    sandbox = Sandbox()
+    task, words = pset.tasks[0], train[0]["id"].split("-")[1:]
+    workspace = Workspace(tmp_path / "ws")
+    answers = {f'The word "{words[3]}" comes last in the list.': 1.0,
+               f"{words[3].upper()}, not {words[0]}": 1.0,
+               f"{words[0]} comes before {words[3]}": 0.0,  # the first one named counts
+               "The word kooky comes last.": 0.0}
+    for answer, reward in answers.items():
+        assert (await judge(task, answer, workspace, sandbox)).reward == reward, answer
