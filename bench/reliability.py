@@ -26,6 +26,9 @@ on dpytest, console) with hostile input, and checks the outcome from outside.
 - forget: /forget against a running turn (mid-tool, mid-reply, the next turn compacting
   it), a running night (before and after it trains, /promote, its held memory) and after a
   kill -9 mid-turn; a planted string is found only where the README says.
+- quota: attachments against a small quota, the undo journal's, the image cache's and the
+  notes' growth against their bounds, the data folder under its budget after every write
+  (one person's channels under their share), judged practice workspaces reclaimed.
 
     .venv/bin/python bench/reliability.py [--quick] [--only CATEGORY ...]
 """
@@ -63,6 +66,7 @@ CATEGORIES = {  # name -> module under bench/probes
     "complexity": "complexity",
     "release-kill": "release_kill",
     "forget": "forget",
+    "quota": "quota",
 }
 
 

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
     from serving.supervisor import ServerSupervisor
 
 
-async def status(store: Store, sup: ServerSupervisor, workers: ChannelWorkers) -> str:
+async def status(store: Store, sup: ServerSupervisor, workers: ChannelWorkers,
+                 spaces: ChannelSpaces | None = None, channel: str = "") -> str:
+    """The model, the server, the queues, the night, and (with ``spaces``) the disk:
+    ``channel``'s own use and the data folder's total, never another channel's name."""
     live = [r for r in await store.releases() if r["state"] == "live"]
     model = live[0]["name"] if live else f"base ({sup.gguf.name})"
     queues = {c: n for c, n in workers.queue_sizes().items() if n}
@@ -40,7 +43,12 @@ async def status(store: Store, sup: ServerSupervisor, workers: ChannelWorkers) -
             f"server: {health} at {sup.base_url} (pid {sup.pid}, restarts {sup.restarts}, "
             f"last restart: {sup.last_restart_reason or 'none'})\n"
             f"queues: {queues or 'all empty'}\n"
-            f"night: {night}")
+            f"night: {night}" + _disk_line(spaces, channel))
+
+
+def _disk_line(spaces: ChannelSpaces | None, channel: str) -> str:
+    disk = spaces.services.disk if spaces is not None else None
+    return "" if disk is None else f"\ndisk: {disk.report(channel)}"
 
 
 async def sleep(store: Store, night: NightWatch, agent: Agent, requested_by: str,

@@ -8,6 +8,7 @@ import sys
 from bot.channels import Busy
 from bot.commands import Caller, CommandError, parse_command, run_command
 from bot.console import ConsoleRenderer, run_console
+from bot.disk.workspaces import SpaceRefused
 from bot.night.jobs import ACTIVE, night_line, pid_alive
 from bot.runtime import Runtime
 from core.config import Config
@@ -111,7 +112,7 @@ async def run_bot(config: Config) -> int:
                     renderer.info("(asleep: training has the GPU; the message is queued)")
                 try:
                     return await rt.turn(channel, text, "console")
-                except Busy as exc:
+                except (Busy, SpaceRefused) as exc:
                     return str(exc)
 
             await run_console(turn, console_commands(rt), renderer, sys.stdin)

@@ -6,11 +6,11 @@ tool calls from ever seeing another channel's results or workspace: each turn
 runs with its own channel's tool context, one at a time.
 
 Also here: each channel's tool context (``ChannelSpaces``: its workspace, journal and
-private state), and the stray end-of-turn detector. A small model often ends its turn
-with "I'll now write the file:" and stops. The detector flags such replies; the
-agent is then asked "Did you mean to end your turn?" and, if it says no, it
-continues. The event is stored for the night, where it earns a negative
-advantage on that message's last token.
+private state, within the bounds of ``bot.disk.workspaces``), and the stray end-of-turn
+detector. A small model often ends its turn with "I'll now write the file:" and stops.
+The detector flags such replies; the agent is then asked "Did you mean to end your
+turn?" and, if it says no, it continues. The event is stored for the night, where it
+earns a negative advantage on that message's last token.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
-from sandbox.paths import workspace_for
+from bot.disk.workspaces import Workspaces
+from sandbox.paths import Workspace, workspace_path
 from tools import Services, ToolContext
 from tools.python_jobs import job_runner
 from tools.system import read_sys_section
@@ -43,27 +44,36 @@ class Busy(Exception):
 
 
 class ChannelSpaces:
-    """One ToolContext per channel, made on first use and kept (its journal is live)."""
+    """One ToolContext per channel, made on first use and kept (its journal is live) until
+    the channel is retired."""
 
     def __init__(self, data_dir: Path, workspace_keys: dict[str, str] | None = None,
                  services: Services | None = None, *, status: Callable[[], dict] | None = None,
-                 embedder: Any = None) -> None:
+                 embedder: Any = None, workspaces: Workspaces | None = None) -> None:
         self.data_dir = data_dir
         self.services = services or Services()  # each channel's context gets a copy
         self.status, self.embedder = status, embedder
         # A swarm with a shared workspace maps its members to one workspace key.
         self.workspace_keys = workspace_keys or {}
+        # How many workspaces there may be, whose they are (unbounded when not given).
+        self.workspaces = (Workspaces(data_dir, self.services.disk) if workspaces is None
+                           else workspaces)
         self._contexts: dict[str, ToolContext] = {}
 
-    def context(self, channel: str) -> ToolContext:
+    def context(self, channel: str, owner: str | None = None) -> ToolContext:
+        """The channel's context, made on first use. ``owner`` is the person a new channel
+        counts against (a thread's starter); a new workspace past a bound raises
+        ``SpaceRefused``, whose message is the answer to give."""
         ctx = self._contexts.get(channel)
         if ctx is None:
             key = self.workspace_keys.get(channel, channel)
-            workspace = workspace_for(self.data_dir / "workspaces", key)
-            state_dir = self.data_dir / "channels" / workspace.root.name
+            root = workspace_path(self.data_dir / "workspaces", key)
+            state_dir = self.data_dir / "channels" / root.name
             if key != channel:  # a shared workspace; the journal and state stay the channel's
                 digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()
-                state_dir = state_dir.with_name(f"{workspace.root.name}.{digest[:16]}")
+                state_dir = state_dir.with_name(f"{root.name}.{digest[:16]}")
+            self.workspaces.admit(channel, root, state_dir, owner)
+            workspace = Workspace(root)
             outbox: list[str] = []
             ctx = ToolContext.open(channel, workspace, state_dir, self.services, outbox=outbox,
                                    send_file=outbox.append, status=self.status,
@@ -71,6 +81,15 @@ class ChannelSpaces:
             job_runner(ctx)  # finds jobs a previous run left behind and reports them lost
             self._contexts[channel] = ctx
         return ctx
+
+    async def retire(self, channel: str) -> None:
+        """A practice or self-play attempt was judged: stop its jobs, drop its context, and
+        let its workspace be reclaimed (``Workspaces.reclaim``) once it is old enough."""
+        ctx = self._contexts.pop(channel, None)
+        runner = ctx.services.jobs_runner if ctx is not None else None
+        if runner is not None:
+            await runner.close()
+        self.workspaces.retire(channel)
 
     async def close(self) -> None:
         """Stop every channel's background Python jobs (they are reported lost)."""

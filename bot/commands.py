@@ -105,8 +105,9 @@ async def _episode_author(rt: Runtime, caller: Caller, episode_id: int = 0, **_:
 
 _RELEASE = Arg("release_id", int, "the release's id", required=False)
 COMMANDS: dict[str, Command] = {c.name: c for c in (
-    Command("status", "model, server health, queues and the night",
-            lambda rt, c: admin.status(rt.store, rt.supervisor, rt.workers)),
+    Command("status", "model, server health, queues, the night and the disk",
+            lambda rt, c: admin.status(rt.store, rt.supervisor, rt.workers, rt.spaces,
+                                       c.channel)),
     Command("sleep", "start the night: train on the day",
             lambda rt, c: admin.sleep(rt.store, rt.night, rt.agent, c.name, c.channel)),
     Command("wake", "cancel a queued or running night", lambda rt, c: admin.wake(rt.store)),

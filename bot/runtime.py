@@ -21,6 +21,8 @@ from bot import admin, hygiene
 from bot.agent.loop import Agent, TurnResult
 from bot.agent.tool_profiles import tool_names
 from bot.channels import ChannelSpaces, ChannelWorkers, RuleStrayDetector
+from bot.disk.watch import DiskWatch
+from bot.disk.workspaces import Workspaces
 from bot.night.jobs import ACTIVE
 from bot.night.report import NightReports
 from bot.night.schedule import Rounds, SleepSchedule
@@ -31,6 +33,7 @@ from bot.swarm import Swarms
 from core.config import Config
 from core.model.chat_format import resolve_async
 from core.storage.store import Store
+from sandbox.disk_budget import DiskBudget, automatic_budget, size_text
 from sandbox.process import Limits, Sandbox
 from sandbox.shared_limits import MemoryBudget
 from serving.client import LLM
@@ -39,6 +42,7 @@ from serving.supervisor import ServerSupervisor
 from tools import Registry, Services, default_registry
 from tools.board import Board
 from tools.filelocks import FileLocks
+from tools.image_cache import ImageCache
 from tools.jobs import JobSlots
 
 logger = logging.getLogger("nightshift")
@@ -53,17 +57,32 @@ def _registry(config: Config) -> Registry:
     return chosen
 
 
-def _sandbox(config: Config) -> Sandbox:
-    """One sandbox for every channel: the workspace quota and the memory of all runs
-    together are its limits (``sandbox.shared_limits``)."""
+def _sandbox(config: Config, disk: DiskBudget) -> Sandbox:
+    """One sandbox for every channel: the workspace quota, the memory of all runs together
+    and the data folder's budget are its limits (``sandbox.shared_limits``)."""
     limits = Limits(workspace_mb=config.sandbox.workspace_quota_mb)
     memory = MemoryBudget(config.sandbox.total_memory_mb)
     logger.info("sandbox memory: %d MiB in all (%s)", memory.total_mb, memory.kind)
     return Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed, limits=limits,
-                   memory=memory)
+                   memory=memory, disk=disk)
 
 
-def _spaces(config: Config, supervisor: Any) -> ChannelSpaces:
+async def _disk_budget(config: Config) -> DiskBudget:
+    """The data folder's budget and shares, measured once before the first turn (in a
+    thread: it walks the tree); ``disk.budget_mb = 0`` sets it from the free space."""
+    settings = config.disk
+    budget = DiskBudget(config.data_dir, (settings.budget_mb << 20) or None,
+                        channel_percent=settings.channel_share_percent,
+                        user_percent=settings.user_share_percent)
+    used = await asyncio.to_thread(budget.refresh)
+    if budget.budget is None:
+        budget.budget = await asyncio.to_thread(automatic_budget, config.data_dir, used)
+    logger.info("disk: the data folder uses %s of its %s budget", size_text(used),
+                size_text(budget.budget))
+    return budget
+
+
+def _spaces(config: Config, supervisor: Any, disk: DiskBudget) -> ChannelSpaces:
     """Every channel's tool context, with what the tools may use beyond their workspace:
     loaded once, shared by the channels."""
     from core.storage.embedder import MiniLMEmbedder
@@ -81,13 +100,17 @@ def _spaces(config: Config, supervisor: Any) -> ChannelSpaces:
     board = Board(config.data_dir / "board.db", {t.name: t.channels for t in teams}) \
         if teams else None
     services = Services(
-        sandbox=_sandbox(config), notes=notes, board=board, file_locks=FileLocks(),
+        sandbox=_sandbox(config, disk), notes=notes, board=board, file_locks=FileLocks(),
         shared_notes_channels=frozenset(config.agent.shared_notes_channels),
         job_slots=JobSlots(config.sandbox.max_jobs_per_channel, config.sandbox.max_jobs_total),
-        vision=config.model.vision, image_cache=config.data_dir / "images",
-        workspace_quota_bytes=config.sandbox.workspace_quota_mb << 20)
+        vision=config.model.vision,
+        image_cache=ImageCache(config.data_dir / "images", config.disk.image_cache_mb << 20,
+                               disk),
+        workspace_quota_bytes=config.sandbox.workspace_quota_mb << 20, disk=disk)
+    workspaces = Workspaces(config.data_dir, disk, max_count=config.disk.max_workspaces,
+                            keep_throwaway=config.disk.keep_practice_workspaces)
     return ChannelSpaces(config.data_dir, _shared_workspaces(config), services,
-                         status=server_status, embedder=embedder)
+                         status=server_status, embedder=embedder, workspaces=workspaces)
 
 
 def _shared_workspaces(config: Config) -> dict[str, str]:
@@ -139,8 +162,11 @@ class Runtime:
                 llm = LLM(config, supervisor)
                 stack.push_async_callback(llm.close)
             registry = _registry(config)
-            spaces = _spaces(config, supervisor)
+            disk = await _disk_budget(config)
+            spaces = _spaces(config, supervisor, disk)
             stack.push_async_callback(spaces.close)
+            disk_watch = DiskWatch(disk, spaces.workspaces, config.disk.refresh_s)
+            stack.push_async_callback(disk_watch.close)
             agent = Agent(config, llm, store, registry, spaces.context, spaces.sys_section,
                           stray=RuleStrayDetector())
             board = spaces.services.board
@@ -162,6 +188,7 @@ class Runtime:
             await stack.aclose()
             raise
         night.start()
+        disk_watch.start()
         rt = cls(config, store, supervisor, llm, registry, spaces, agent, workers, releases,
                  night, stack)
         rt.swarms = Swarms(board, workers, rt.rounds, rt.announce)
@@ -172,7 +199,7 @@ class Runtime:
             config, store,
             lambda cfg: Agent(cfg, llm, store, registry, spaces.context, spaces.sys_section,
                               stray=agent.stray),
-            spaces.context, rt.rounds, announce=rt.announce)
+            spaces.context, rt.rounds, announce=rt.announce, retire=spaces.retire)
         rt.selfplay = SelfPlay(rt.practice)
         stack.push_async_callback(rt.selfplay.close)
         rt.selfplay.start_schedule()

@@ -39,7 +39,7 @@ import re
 import stat
 from pathlib import Path, PurePosixPath
 
-__all__ = ["MOUNT_POINT", "PathEscape", "Workspace", "workspace_for"]
+__all__ = ["MOUNT_POINT", "PathEscape", "Workspace", "workspace_for", "workspace_path"]
 
 # Where sandboxed programs see the workspace (sandbox.process binds it there).
 # Agents copy paths from program output, so the jail accepts them too.
@@ -270,7 +270,12 @@ def _own(dir_fd: int) -> None:
 
 
 def workspace_for(data_dir: Path, channel: str) -> Workspace:
-    """The workspace of ``channel`` under ``data_dir``: a readable slug plus a hash.
+    """The workspace of ``channel`` under ``data_dir``, made if missing (``workspace_path``)."""
+    return Workspace(workspace_path(data_dir, channel))
+
+
+def workspace_path(data_dir: Path, channel: str) -> Path:
+    """Where ``channel``'s workspace lies under ``data_dir``: a readable slug plus a hash.
 
     The slug keeps the directory recognisable; the hash of the exact channel
     id keeps distinct channels apart even when their slugs are equal
@@ -278,4 +283,4 @@ def workspace_for(data_dir: Path, channel: str) -> Workspace:
     """
     slug = re.sub(r"[^A-Za-z0-9_-]+", "-", channel).strip("-")[:40] or "channel"
     digest = hashlib.sha256(channel.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return Workspace(Path(data_dir) / f"{slug}-{digest}")
+    return Path(data_dir) / f"{slug}-{digest}"

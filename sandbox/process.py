@@ -43,8 +43,8 @@ Not covered:
   user namespaces reaches the kernel, so a kernel bug is an escape.
 - Total memory and disk are bounded in ``sandbox.shared_limits``: a memory
   cgroup for all runs where the machine has one (else a budget of runs), and
-  a workspace quota watched while a program runs. Without the cgroup, a run's
-  children are bounded only by their own RLIMIT_AS.
+  the workspace quota and ``sandbox.disk_budget`` watched while a program runs.
+  Without the cgroup, a run's children are bounded only by their own RLIMIT_AS.
 - Total CPU: RLIMIT_CPU is per process; only the timeout bounds the sum.
 - RLIMIT_NPROC counts every process of the uid, so each run gets the uid's
   current count plus ``Limits.processes``, and runs of several channels
@@ -87,6 +87,7 @@ from sandbox.bwrap import (
     missing_message,
     setup_user,
 )
+from sandbox.disk_budget import DiskBudget
 from sandbox.paths import MOUNT_POINT, Workspace
 from sandbox.shared_limits import MemoryBudget, over_quota_message, usage_bytes
 
@@ -163,10 +164,11 @@ class Sandbox:
     """Runs programs in workspaces: sandboxed by bwrap, or refused when bwrap is missing."""
 
     def __init__(self, allow_unsandboxed: bool = False, limits: Limits = Limits(),
-                 memory: MemoryBudget | None = None) -> None:
+                 memory: MemoryBudget | None = None, disk: DiskBudget | None = None) -> None:
         self.allow_unsandboxed = allow_unsandboxed
         self.limits = limits
         self.memory = memory  # shared by every channel's runs (and by copies of this box)
+        self.disk = disk  # the data folder's budget, shared as the memory is
         self.bwrap = find_bwrap()
         self._user: tuple[int, int] | None = None  # the sandbox user's ids, once set up
 
@@ -215,8 +217,9 @@ class Sandbox:
             return self._result(127, "", f"cannot start {argv[0]!r}: {exc}", False, False, started)
         finally:
             launch.close()
-        watch = (asyncio.create_task(_watch_disk(proc, workspace.root, self.limits.workspace_mb))
-                 if self.limits.workspace_mb else None)
+        quota, disk = self.limits.workspace_mb, self.disk
+        watch = (asyncio.create_task(_watch_disk(proc, workspace.root, quota, disk))
+                 if quota or disk else None)
         try:
             out, err, timed_out = await _collect(proc, stdin, timeout, self.limits.output_bytes)
         finally:
@@ -371,19 +374,22 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
-async def _watch_disk(proc: asyncio.subprocess.Process, root: Path, quota_mb: int) -> str:
-    """Stop ``proc`` once the workspace grows past its quota (or, if it started over the
-    quota, past where it started: a program that deletes files may still run)."""
-    quota = quota_mb * _MIB
+async def _watch_disk(proc: asyncio.subprocess.Process, root: Path, quota_mb: int | None,
+                      disk: DiskBudget | None) -> str:
+    """Stop ``proc`` once the workspace grows past its quota, or past where it started when
+    over it (a program that deletes files may still run), or grows while ``disk`` is full."""
+    quota = quota_mb * _MIB if quota_mb else None
     start = await asyncio.to_thread(usage_bytes, root)
     while True:
         began = time.monotonic()
         used = await asyncio.to_thread(usage_bytes, root)
-        if used > max(quota, start):
+        full = (over_quota_message(used, quota) if quota and used > max(quota, start) else
+                disk.watch(root, used, grew=used > start) if disk else None)
+        if full:
             _kill_group(proc)
-            return over_quota_message(used, quota)
+            return full
         # A large workspace takes a while to walk: poll less often rather than spin a core.
-        await asyncio.sleep(max(0.25, 4 * (time.monotonic() - began)))
+        await asyncio.sleep(max(disk.poll_s(root) if disk else 0.25, 4 * (time.monotonic() - began)))
 
 
 def _rlimits(limits: Limits, nproc: int, cgroup_procs: Path | None = None):

@@ -36,9 +36,11 @@ from tools.schema import (  # noqa: F401 - ToolError is re-exported
 )
 
 if TYPE_CHECKING:
+    from sandbox.disk_budget import DiskBudget
     from sandbox.paths import Workspace
     from sandbox.process import Sandbox
     from tools.filelocks import FileLocks
+    from tools.image_cache import ImageCache
     from tools.journal import Journal
 
 logger = logging.getLogger("nightshift.tools")
@@ -86,8 +88,10 @@ class Services:
     jobs_runner: Any = None  # tools.jobs.JobRunner: this channel's (python_jobs.job_runner)
     jobs: Callable[[], list[dict]] | None = None  # this channel's jobs, for the health tool
     vision: bool = False  # the model sees images attached to a message
-    image_cache: Path | None = None  # where viewed images are kept, by hash
+    # Where viewed images are kept, by hash: a bounded ImageCache, or a plain folder.
+    image_cache: ImageCache | Path | None = None
     workspace_quota_bytes: int | None = None  # the journal refuses writes past it
+    disk: DiskBudget | None = None  # the data folder's budget and shares, for every write
     outbox: list[str] | None = None  # files to send with this turn's reply
 
 
@@ -127,8 +131,14 @@ class ToolContext:
         services = replace(services or Services(), **named)
         state_dir = Path(state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
-        journal = Journal(state_dir, workspace.root, quota_bytes=services.workspace_quota_bytes,
-                          history_bytes=services.workspace_quota_bytes)
+        quota = services.workspace_quota_bytes
+        if services.disk is None:
+            journal = Journal(state_dir, workspace.root, quota_bytes=quota, history_bytes=quota)
+        else:  # every write also answers to the data folder's budget
+            from tools.budgeted_journal import BudgetedJournal
+
+            journal = BudgetedJournal(state_dir, workspace.root, budget=services.disk,
+                                      channel=channel, quota_bytes=quota, history_bytes=quota)
         return cls(channel, workspace, journal, state_dir, send_file, status, embedder, services)
 
 

@@ -34,7 +34,10 @@ def _memory() -> str:
 
 def _disk(ctx: ToolContext) -> str:
     usage = shutil.disk_usage(ctx.workspace.root)
-    return f"disk: {_gib(usage.free)} free of {_gib(usage.total)} at your workspace"
+    line = f"disk: {_gib(usage.free)} free of {_gib(usage.total)} at your workspace"
+    budget = ctx.services.disk
+    # This channel's own use and the sums: never another channel's name or figure.
+    return line if budget is None else f"{line}\ndisk budget: {budget.report(ctx.channel)}"
 
 
 def _fields(item: Any) -> str:
@@ -90,8 +93,9 @@ def _notes(ctx: ToolContext) -> str:
 
 @tool
 def health(ctx: ToolContext) -> str:
-    """Check the machine and the bot: free memory and disk, the embedder, this channel's
-    notes (and their duplicates), background jobs and the model server."""
+    """Check the machine and the bot: free memory and disk (and this channel's use of the
+    bot's disk budget), the embedder, this channel's notes (and their duplicates),
+    background jobs and the model server."""
     embedder = "loaded" if ctx.embedder is not None else "not loaded (notes search is off)"
     return "\n".join([_memory(), _disk(ctx), f"embedder: {embedder}", _notes(ctx), _jobs(ctx),
                       _server(ctx)])

@@ -10,24 +10,24 @@ bytes the bot caches, and Pillow's pixel limit is this module's, with its
 warning made an error, so an oversized image is refused before it is decoded.
 The parsing itself is in ``tools.parsers``.
 
-Images for training: every image the agent views is first copied into an
-immutable, content-addressed cache outside the workspace
-(``ctx.services.image_cache``, named ``<sha256><ext>``, read-only, never
-overwritten), and the result's ``meta["image"]`` records the hash and cache
-path. The night then trains on exactly the pixels the agent saw, even if the
-workspace file was edited or deleted since. Whether the model can see the
-image is ``ctx.services.vision``: with vision the agent attaches the
-cached image to the conversation; without it, the tool describes the file.
+Images for training: every image the agent views is first copied into a
+content-addressed cache outside the workspace (``ctx.services.image_cache``,
+``tools.image_cache``: named ``<sha256><ext>``, read-only, never overwritten,
+bounded in size with the least recently viewed going first), and the result's
+``meta["image"]`` records the hash and cache path: the exact pixels the agent
+saw, even if the workspace file was edited or deleted since. Whether the model
+can see the image is ``ctx.services.vision``: with vision the agent attaches
+the cached image to the conversation; without it, the tool describes the file.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from pathlib import Path
 
 from tools import ToolContext, ToolError, ToolResult, tool, worker
+from tools.image_cache import ImageCache
 from tools.sizes import human_size
 
 MAX_PDF_PAGES = 10
@@ -100,43 +100,19 @@ def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_
 # --- images ---
 
 
-def cache_image(cache_dir: Path, data: bytes, extension: str) -> tuple[str, Path]:
-    """Store ``data`` as ``<sha256><extension>`` in the cache, read-only; returns (hash, path).
-
-    An existing entry is never rewritten: equal names mean equal bytes. Two
-    writers racing on one name both os.replace identical bytes, so either
-    wins harmlessly.
-    """
-    digest = hashlib.sha256(data).hexdigest()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    target = cache_dir / f"{digest}{extension}"
-    if target.exists():
-        return digest, target
-    tmp = cache_dir / f".{digest}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())  # training reads it nights later; make it survive a crash
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return digest, target
-
-
-def _cache_dir(ctx: ToolContext) -> Path:
+def _cache(ctx: ToolContext) -> ImageCache:
+    """The bot's bounded cache, or an unbounded one over a plain folder (tests, tools)."""
     configured = ctx.services.image_cache
     if configured is None:
         raise ToolError("viewing images is not enabled in this bot (no image cache is configured)")
-    cache_dir = Path(configured).resolve()
+    cache = (configured if isinstance(configured, ImageCache)
+             else ImageCache(Path(configured), disk=ctx.services.disk))
+    cache_dir = cache.folder.resolve()
     root = ctx.workspace.root
     if cache_dir == root or root in cache_dir.parents:
         # The agent could rewrite cached images, and training would learn from forgeries.
         raise RuntimeError(f"the image cache {cache_dir} lies inside a workspace; move it out")
-    return cache_dir
+    return cache
 
 
 def _describe(facts: dict, path: str, size: int) -> str:
@@ -155,14 +131,14 @@ def view_image(ctx: ToolContext, path: str) -> ToolResult:
     Args:
         path: The image file, relative to your workspace.
     """
-    cache_dir = _cache_dir(ctx)
+    cache = _cache(ctx)
     data = read_workspace_file(ctx, path, MAX_IMAGE_BYTES, "an image")
     facts = worker.run("image", {"path": path, "max_pixels": MAX_IMAGE_PIXELS}, data,
                        limits=IMAGE_LIMITS, what=f"opening {path}",
                        hint="scale the image down or save it as a plain PNG first")
     kind = facts["format"]
     extension = _EXTENSIONS.get(kind, f".{(kind or 'img').lower()}")
-    digest, cached = cache_image(cache_dir, data, extension)
+    digest, cached = cache.put(data, extension)
     width, height = facts["width"], facts["height"]
     meta = {"image": {"sha256": digest, "cache_path": str(cached), "mime": facts["mime"],
                       "width": width, "height": height,

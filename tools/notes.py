@@ -35,6 +35,12 @@ SHARED = "shared"
 MAX_TEXT_CHARS = 4000
 MAX_TITLE_CHARS = 200
 MAX_K = 20
+# Notes one channel keeps (and the shared collection holds) at most: they lie outside every
+# workspace quota, so without a cap one channel could fill the disk a few KiB at a time.
+MAX_NOTES = 2000
+# What a note takes on disk beyond its text: its embedding, metadata and index entries
+# (500 notes of 200 characters grew the folder by 3.5 KiB each, text included; rounded up).
+NOTE_OVERHEAD_BYTES = 8192
 LIST_LIMIT = 50
 SEARCH_SNIPPET_CHARS = 1000
 
@@ -129,6 +135,10 @@ class NoteStore:
 
     def count(self, channel: str, include_shared: bool = True) -> int:
         return sum(c.count() for _, c in self._scopes(channel, include_shared))
+
+    def size(self, channel: str, shared: bool = False) -> int:
+        """How many notes the channel's own collection (or the shared one) holds."""
+        return self._collection(channel, shared).count()
 
     # --- hygiene ---
 
@@ -271,7 +281,14 @@ def note_create(ctx: ToolContext, title: str, text: str, shared: bool = False) -
     if shared and not _shared_ok(ctx):
         raise ToolError("shared notes are off in this channel (an admin can list it in "
                         "agent.shared_notes_channels); save it with shared=false instead")
-    note_id = _store(ctx).add(ctx.channel, text, title=title, shared=shared)
+    store = _store(ctx)
+    if store.size(ctx.channel, shared) >= MAX_NOTES:
+        where = "the shared notes hold" if shared else "this channel has"
+        raise ToolError(f"{where} {MAX_NOTES} notes, the most kept; delete or merge old ones "
+                        "first (note_list, note_delete)")
+    if ctx.services.disk is not None:  # the notes' folder counts in the data folder's budget
+        ctx.services.disk.claim(store.path, NOTE_OVERHEAD_BYTES + len(f"{title}{text}".encode()))
+    note_id = store.add(ctx.channel, text, title=title, shared=shared)
     where = "shared with every channel" if shared else "for this channel"
     return f"saved note {note_id} ({where}); note_search finds it, note_delete('{note_id}') removes it"
 

@@ -23,8 +23,9 @@ Bounds and blind spots, said plainly:
   ``jobs/`` (background job output, see tools.python_jobs); FIFOs, sockets
   and devices; file modes (as the journal never records them).
 - A workspace with more than ``MAX_TRACKED_FILES`` entries or more file bytes
-  than the journal's snapshot limit (256 MiB) is not recorded: the run goes
-  ahead and says that undo cannot revert it. The blob store then holds one
+  than the journal's snapshot limit (256 MiB), or whose new copies the data
+  folder's budget has no room for (``sandbox.disk_budget``), is not recorded:
+  the run goes ahead and says that undo cannot revert it. The blob store then holds one
   copy of the workspace's files, which is the price of undoing a program.
 - A background job writing at the same time is indistinguishable from the
   program: its changes in that window join the program's entry.
@@ -46,6 +47,7 @@ import stat
 from pathlib import Path
 
 from sandbox.bwrap import missing_message
+from sandbox.disk_budget import DiskFull, blocks
 from sandbox.paths import MOUNT_POINT, PathEscape
 from sandbox.process import ProcessResult, Sandbox, SandboxUnavailable
 from tools import ToolContext, ToolError
@@ -149,8 +151,32 @@ class ProgramChanges:
             self.why_not = (f"your workspace holds more than "
                             f"{self.journal.max_snapshot_bytes // 2**20} MiB of files")
             return
+        if not self._room_for(self._unsaved(found)):
+            self.why_not = "the bot's disk budget has no room for undo copies of your files"
+            return
         self._before = self._states(found)
         self._save_index()
+
+    def _unsaved(self, found: Found) -> int:
+        """Bytes of the files whose content the blob store does not hold yet."""
+        total = 0
+        for rel, info in found.items():
+            known = self._index.get(rel)
+            if info[0] == "file" and not (known and tuple(known[:4]) == info[1]
+                                          and self.journal.has_blob(known[4])):
+                total += blocks(info[1][1])
+        return total
+
+    def _room_for(self, size: int) -> bool:
+        """Count ``size`` bytes of undo copies in the channel's share; False when they do
+        not fit (the copies live in its state folder, outside the workspace quota)."""
+        disk = self.ctx.services.disk
+        try:
+            if disk is not None:
+                disk.claim(self.journal.dir, size, self.ctx.channel)
+        except DiskFull:
+            return False
+        return True
 
     def after(self) -> str:
         """Record the differences; returns a line for the tool's output ("" when nothing changed)."""
@@ -166,6 +192,9 @@ class ProgramChanges:
         if size > self.journal.max_snapshot_bytes:
             return (f"note: the run wrote more than {self.journal.max_snapshot_bytes // 2**20} MiB, "
                     f"so its changes are not journaled: undo cannot revert them.")
+        if not self._room_for(sum(blocks(found[rel][1][1]) for rel in fresh)):
+            return ("note: the bot's disk budget has no room for undo copies of what the run "
+                    "wrote, so its changes are not journaled: undo cannot revert them.")
         after = self._states(found)
         self._save_index()
         keys = sorted(set(self._before) | set(after))

@@ -34,6 +34,7 @@ from discord.ext import commands
 from bot import labelling
 from bot.channels import Busy
 from bot.commands import is_admin
+from bot.disk.workspaces import SpaceRefused
 from bot.discord_front.access import (
     Origin,
     channel_ids,
@@ -254,12 +255,15 @@ class NightshiftBot(commands.Bot):
         try:
             if self.rt.workers.full(key):  # refused anyway: its attachments are not saved
                 raise Busy(key, self.rt.config.agent.queue_size)
-            workspace = self.rt.spaces.context(key).workspace
+            # A new thread's workspace counts against the person who started it.
+            starter = getattr(message.channel, "owner_id", None)
+            ctx = self.rt.spaces.context(key, owner=f"user-{starter}" if starter else None)
             quota = self.rt.config.sandbox.workspace_quota_mb << 20
-            notes = await save_attachments(message.attachments, workspace, quota_bytes=quota)
+            notes = await save_attachments(message.attachments, ctx.workspace, quota_bytes=quota,
+                                           disk=ctx.services.disk, channel=key)
             prompt = "\n".join([text, *notes]).strip()
             return await self.rt.turn(key, prompt, message.author.display_name)
-        except Busy as exc:
+        except (Busy, SpaceRefused) as exc:
             return str(exc)
         except asyncio.CancelledError:
             raise

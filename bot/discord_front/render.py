@@ -26,6 +26,7 @@ from typing import Any
 
 import discord
 
+from sandbox.disk_budget import DiskBudget, blocks
 from sandbox.shared_limits import usage_bytes
 from tools.sizes import human_size
 
@@ -191,11 +192,14 @@ def safe_name(filename: str) -> str:
 
 async def save_attachments(attachments: Sequence[discord.Attachment], workspace: Any,
                            max_bytes: int = MAX_ATTACHMENT_BYTES,
-                           quota_bytes: int | None = None) -> list[str]:
+                           quota_bytes: int | None = None, disk: DiskBudget | None = None,
+                           channel: str | None = None) -> list[str]:
     """Save each attachment under ``uploads/``; one line per attachment for the agent.
     With ``quota_bytes`` (the workspace's quota) one that would fill the workspace past
     it is not saved, as a file the agent wrote would not be: attachments counted for
-    nothing, and five messages put 400 MiB into a 10 MiB workspace."""
+    nothing, and five messages put 400 MiB into a 10 MiB workspace. With ``disk``, one
+    that the data folder's budget or ``channel``'s shares have no room for is not saved
+    either (its announced size is claimed before it is read, the rest after)."""
     notes = []
     for attachment in attachments:
         name = safe_name(attachment.filename)
@@ -209,10 +213,15 @@ async def save_attachments(attachments: Sequence[discord.Attachment], workspace:
                 if used + attachment.size > quota_bytes:
                     raise ValueError(f"the workspace holds {human_size(used)} of its "
                                      f"{human_size(quota_bytes)} quota; delete files first")
+            target = workspace.root / UPLOADS
+            if disk is not None:  # DiskFull is a ValueError: the note says what is full
+                disk.claim(target, blocks(attachment.size), channel)
             data = await attachment.read()
             if len(data) > max_bytes:
                 raise ValueError(f"{human_size(len(data))} is over the "
                                  f"{human_size(max_bytes)} limit")
+            if disk is not None:  # its announced size lied: claim the rest too
+                disk.claim(target, blocks(len(data)) - blocks(attachment.size), channel)
             if quota_bytes is not None and used + len(data) > quota_bytes:  # its size lied
                 raise ValueError(f"it would fill the workspace past its "
                                  f"{human_size(quota_bytes)} quota")

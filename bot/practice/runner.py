@@ -193,6 +193,7 @@ async def _attempt(services: PracticeServices, workers: ChannelWorkers, pset: Pr
     checked = CheckResult(task.check.kind, verdict.reward if verdict.judged else None, task.id,
                           group, "" if verdict.judged else verdict.why, {"set": pset.name})
     await services.store.add_event(channel, episode, Event.VERIFIER_REWARD, checked.payload())
+    await services.retire(channel)  # judged: its workspace may be reclaimed
     return verdict
 
 
@@ -205,6 +206,14 @@ async def _demonstrate(services: PracticeServices, agent: Agent, pset: PracticeS
     if not task.reference:
         return False
     channel = f"practice-{pset.name}-{task.id}-{run}-reference"
+    try:
+        return await _show_reference(services, agent, pset, task, run, channel)
+    finally:
+        await services.retire(channel)  # shown or not, its workspace may be reclaimed
+
+
+async def _show_reference(services: PracticeServices, agent: Agent, pset: PracticeSet,
+                          task: Task, run: int, channel: str) -> bool:
     ctx = services.context(channel)
     shown = await run_calls(agent, ctx, task.calls) if task.calls else []
     if isinstance(shown, str):

@@ -22,6 +22,10 @@ async def _quiet(channel: str, text: str) -> None:
     return None
 
 
+async def _keep(channel: str) -> None:
+    return None
+
+
 @dataclass
 class PracticeServices:
     config: Config
@@ -34,6 +38,9 @@ class PracticeServices:
     listeners: list[Callable[[str], Awaitable[None]]] = field(default_factory=list)
     # What self-play says in a channel ("" = the console): the runtime's announce.
     announce: Callable[[str, str], Awaitable[None]] = _quiet
+    # An attempt's channel is judged and done with: its workspace may be reclaimed
+    # (ChannelSpaces.retire; bot.disk.workspaces keeps the newest few for inspection).
+    retire: Callable[[str], Awaitable[None]] = _keep
 
     def agent(self, max_steps: int | None = None) -> Agent:
         """The day's agent at ``practice.temperature`` and ``max_steps`` model calls a turn

@@ -37,6 +37,7 @@ import asyncio
 import logging
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.agent.loop import TurnResult
 from bot.channels import ChannelWorkers
@@ -190,8 +191,14 @@ class Round:
             proposal = await asyncio.to_thread(parse_proposal, result.reply)
         except ProposalError as exc:
             return str(exc)
-        ctx = self.rt.context(f"selfplay-{self.run}-r{self.number}-check"
-                                     f"{self.outcome.tries}")
+        channel = f"selfplay-{self.run}-r{self.number}-check{self.outcome.tries}"
+        try:
+            return await self._judge_proposal(proposal, self.rt.context(channel))
+        finally:
+            await self.rt.retire(channel)  # checked: its workspace may be reclaimed
+
+    async def _judge_proposal(self, proposal: Proposal, ctx: Any) -> Proposal | str:
+        """The proposal if its check fails a dummy answer and passes its reference."""
         task, sandbox = proposal.task(), ctx.services.sandbox
         timeout = self.rt.config.practice.check_timeout_s
         dummy = await judge(task, DUMMY_ANSWER, ctx.workspace, sandbox, timeout)
@@ -249,6 +256,7 @@ class Round:
                              {"set": "selfplay", "role": "solver", "round": self.number,
                               "run": self.run})
         await self.rt.store.add_event(channel, episode, Event.VERIFIER_REWARD, result.payload())
+        await self.rt.retire(channel)  # judged: its workspace may be reclaimed
 
     # -- records ------------------------------------------------------------------
 

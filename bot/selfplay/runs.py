@@ -129,6 +129,7 @@ class SelfPlay:
         finally:
             rt.rounds.discard(f"selfplay #{run}")
             await workers.close()
+            await rt.retire(proposer)  # the run is over: its workspace may be reclaimed
             await rt.store.update_job(run, state=state)
         await rt.announce(channel, _summary(run, outcomes, set_path(rt.config.data_dir)))
 

@@ -30,6 +30,7 @@ from core.config.sections import (  # noqa: F401 - re-exported: callers import t
     AgentConfig,
     ConfigError,
     DiscordConfig,
+    DiskConfig,
     ModelConfig,
     PathsConfig,
     SandboxConfig,
@@ -48,6 +49,7 @@ class Config(_Section):
     night: NightConfig = Field(default_factory=NightConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    disk: DiskConfig = Field(default_factory=DiskConfig)
     sleep: SleepConfig = Field(default_factory=SleepConfig)
     notes_hygiene: NotesHygieneConfig = Field(default_factory=NotesHygieneConfig)
     swarms: SwarmsConfig = Field(default_factory=SwarmsConfig)

@@ -266,6 +266,41 @@ class SandboxConfig(_Section):
     )
 
 
+
+class DiskConfig(_Section):
+    """The data folder's disk: one budget for all of it, and the shares of it one channel
+    and one person may take (``sandbox.disk_budget``)."""
+
+    budget_mb: int = Field(
+        0, ge=0,
+        description="MiB the whole data folder may use (>= 0; 0 = automatic: what it uses at "
+                    "start plus nine tenths of the disk's free space)",
+    )
+    channel_share_percent: float = Field(
+        25, gt=0, le=100,
+        description="the percent of the budget one channel (its workspace and undo copies) "
+                    "may use (> 0, <= 100)",
+    )
+    user_share_percent: float = Field(
+        50, gt=0, le=100,
+        description="the percent of the budget one person's channels (their DM, the threads "
+                    "they started) may use together (> 0, <= 100)",
+    )
+    max_workspaces: int = Field(
+        1000, ge=1, description="channel workspaces kept on disk at most (>= 1)"
+    )
+    keep_practice_workspaces: int = Field(
+        100, ge=0,
+        description="judged practice and self-play workspaces kept for inspection; older ones "
+                    "are removed (>= 0)",
+    )
+    image_cache_mb: int = Field(
+        512, ge=1, description="MiB the cache of viewed images may use (>= 1)"
+    )
+    refresh_s: float = Field(
+        60, gt=0, description="seconds between two measurements of the data folder (> 0)"
+    )
+
 def _check_env_name(name: str) -> str:
     if not _ENV_NAME.match(name):
         raise ValueError(
