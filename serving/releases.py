@@ -9,7 +9,8 @@ was trained on top of (its ``base_release_id``) is refused, with the newer one
 named: serving it would silently drop the newer one's training.
 
 A candidate whose night trained on an episode forgotten since (its meta's
-``trained_episodes``; ``trainer.forgets``) is refused and marked rejected.
+``trained_episodes``; ``trainer.forgets``) is refused and marked rejected, and a
+retired one like it is never rolled back to (a rollback goes past it).
 
 What serves is what is live: ``serve_live`` points the supervisor at the live
 release before the server first starts, so a restarted bot serves it too.
@@ -159,19 +160,28 @@ class Releases:
             target = releases.get(release_id)
             if target is None or target["state"] != "retired":
                 return f"Release #{release_id} is not a retired release."
+            if gone := await self._forgotten_in(target):
+                return (f"Release #{release_id} refused: its night trained on episode(s) "
+                        f"{gone}, forgotten since. Nothing changed.")
             return await self._serve(target, "rollback", await self._previous(target["id"]))
         if not live:
             return "The base model is already serving; there is nothing to roll back."
         target_id = await self._previous(live[0]["id"])
-        seen = {live[0]["id"]}
-        # A link to a release that is no longer retired (or a loop) is skipped.
-        while target_id is not None and (target_id in seen or
-                                         releases.get(target_id, {}).get("state") != "retired"):
+        seen, skipped = {live[0]["id"]}, []
+        # A link to a release that is no longer retired (or a loop) is skipped, and so is one
+        # trained on an episode forgotten since: rolling back must not serve it again.
+        while target_id is not None and (
+                target_id in seen or releases.get(target_id, {}).get("state") != "retired"
+                or await self._forgotten_in(releases[target_id])):
+            if target_id not in seen and releases.get(target_id, {}).get("state") == "retired":
+                skipped.append(f"#{target_id}")
             seen.add(target_id)
             target_id = await self._previous(target_id)
+        note = (f" (skipped release(s) {', '.join(skipped)}: trained on an episode forgotten "
+                "since)") if skipped else ""
         if target_id is not None:
             target = releases[target_id]
-            return await self._serve(target, "rollback", await self._previous(target_id))
+            return await self._serve(target, "rollback", await self._previous(target_id)) + note
         try:
             await self.supervisor.swap(self.config.served_gguf, mode=self.swap_mode,
                                        reason="rollback to the base model")
@@ -179,7 +189,13 @@ class Releases:
             return f"Rollback failed ({exc}); still serving release #{live[0]['id']}."
         await self.store.set_release_state(live[0]["id"], "retired")
         await self._record_live(None, None, "rollback")
-        return f"Rolled back to the base model ({self.config.served_gguf.name})."
+        return f"Rolled back to the base model ({self.config.served_gguf.name}){note}."
+
+    async def _forgotten_in(self, release: dict) -> str:
+        """The episodes a release's night trained on that were forgotten since, as text
+        ("" for none)."""
+        gone = await self.store.forgotten_among(release["meta"].get("trained_episodes") or [])
+        return ", ".join(f"#{i}" for i in sorted(gone))
 
     async def _previous(self, release_id: int) -> int | None:
         """What served before ``release_id`` went live (None: the base model)."""

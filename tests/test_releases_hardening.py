@@ -112,6 +112,31 @@ async def test_a_second_rollback_goes_further_back_never_forward(tmp_path):
         await rt.close()
 
 
+async def test_rollback_never_serves_again_a_release_trained_on_a_forgotten_episode(tmp_path):
+    rt = await runtime(tmp_path)
+    try:
+        episode = await rt.store.start_episode("c")
+        await rt.store.end_episode(episode, "complete")
+        path, meta = make_release(tmp_path, "night-0001")
+        tainted = await rt.store.add_release("night-0001", path,
+                                             {**meta, "trained_episodes": [episode]})
+        clean = await add_candidate(rt, tmp_path, "night-0002")
+        await admin.promote(rt.releases, tainted)
+        await admin.promote(rt.releases, clean)
+        await rt.store.forget_episode(episode)
+        assert (await admin.rollback(rt.releases, tainted)) == (
+            f"Release #{tainted} refused: its night trained on episode(s) #{episode}, "
+            "forgotten since. Nothing changed.")
+        text = await admin.rollback(rt.releases)
+        assert text.startswith("Rolled back to the base model"), text
+        assert f"skipped release(s) #{tainted}: trained on an episode forgotten since" in text
+        served = [gguf.parent.name if gguf.parent.name.startswith("night") else gguf.name
+                  for gguf, _ in rt.supervisor.swaps]
+        assert served == ["night-0001", "night-0002", rt.config.served_gguf.name]
+    finally:
+        await rt.close()
+
+
 async def test_two_sleeps_at_once_start_one_night(tmp_path):
     rt = await runtime(tmp_path)
     launched = []
