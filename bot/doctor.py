@@ -20,6 +20,7 @@ from sandbox.paths import Workspace
 from sandbox.process import Sandbox, SandboxUnavailable, find_bwrap
 from serving.client import LLM
 from serving.supervisor import ServerSupervisor
+from tools import ToolError, worker
 
 MIN_FREE_GB = 5.0
 Check = Callable[[Config], Awaitable[tuple[bool, str]]]
@@ -88,6 +89,28 @@ async def check_bubblewrap(config: Config) -> tuple[bool, str]:
     return True, f"{find_bwrap()} runs code as uid {result.stdout.strip()}, no network"
 
 
+async def check_parse_worker(config: Config) -> tuple[bool, str]:
+    """Runs the parse worker's probe in the jail of read_pdf and view_image (tools.worker):
+    sealed, as an unprivileged uid, and able to read the pypdf and Pillow it is given."""
+    box = Sandbox(allow_unsandboxed=config.sandbox.allow_unsandboxed)
+    wanted = [f"{worker.SEALED_DIR}/{name}/__init__.py" for name in worker.PACKAGES]
+    try:
+        seen = await asyncio.to_thread(worker.run, "probe_packages", {"read": wanted},
+                                       what="the parse worker", box=box)
+    except ToolError as exc:
+        return False, str(exc)
+    if box.bwrap is None:
+        return True, "bwrap missing; sandbox.allow_unsandboxed = true (UNSAFE: parsed unsealed)"
+    if seen["uid"] == 0:
+        return False, "the sealed worker runs as root"
+    missing = [path for path, got in seen["read"].items()
+               if got.startswith(("FileNotFoundError", "PermissionError"))]
+    if missing:  # e.g. packages installed under umask 077: the sandbox user cannot read them
+        return False, f"the sealed worker cannot read {', '.join(missing)}; make them world-readable"
+    return True, (f"sealed as uid {seen['uid']}, alone in its PID namespace (pids "
+                  f"{seen['pids']}), pypdf and Pillow readable")
+
+
 async def check_embedder(config: Config) -> tuple[bool, str]:
     def run() -> tuple[bool, str]:
         import chromadb
@@ -115,6 +138,7 @@ CHECKS: list[tuple[str, Check]] = [
     ("chat format", check_chat_format),
     ("server start and canary", check_server),
     ("bubblewrap", check_bubblewrap),
+    ("parse worker", check_parse_worker),
     ("chromadb and embedder", check_embedder),
     ("disk space", check_disk),
 ]

@@ -1,4 +1,5 @@
-"""The sandbox: the workspace jail (``paths``) and the process runner (``process``).
+"""The sandbox: the workspace jail (``paths``) and the process runner (``process``);
+``sealed`` runs a program with no workspace (the parse worker, ``tools.worker``).
 
 A leaf package: it imports nothing from ``bot``, ``tools`` or ``trainer``.
 ``python -m sandbox run --workspace DIR -- CMD ...`` runs a command exactly

@@ -18,7 +18,8 @@ every file):
 
 Either way the sandboxed program ends as a non-zero host uid, with every
 namespace unshared (``--unshare-all`` in total) and no way to make more user
-namespaces.
+namespaces. ``wrap`` builds either shape around a list of mounts: the
+workspace sandbox's (``bwrap_argv``), or a sealed run's (``sandbox.sealed``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from pathlib import Path
 from sandbox.paths import MOUNT_POINT
 
 __all__ = ["MIN_VERSION", "SANDBOX_USER", "SandboxUnavailable", "bwrap_argv", "find_bwrap",
-           "hand_over", "interpreter_prefix", "setup_user"]
+           "hand_over", "interpreter_prefix", "prefix_mounts", "setup_user", "system_mounts",
+           "wrap"]
 
 SANDBOX_USER = "nightshift-sandbox"
 # --disable-userns and sized tmpfs mounts (--size) need 0.8.
@@ -173,9 +175,20 @@ def bwrap_argv(bwrap: str, *, workspace: Path, data_fds: dict[str, int], tmp_byt
     without putting the values in argv, which every host user can read in
     /proc/PID/cmdline.
     """
-    mounts = _mounts(workspace, data_fds, tmp_bytes)
-    common = ["--die-with-parent", "--new-session", *mounts]
-    chdir = ["--chdir", str(MOUNT_POINT)]
+    return wrap(bwrap, _mounts(workspace, data_fds, tmp_bytes), ["--chdir", str(MOUNT_POINT)],
+                drop_to, setpriv)
+
+
+def wrap(bwrap: str, mounts: list[str], chdir: list[str], drop_to: tuple[int, int] | None,
+         setpriv: str | None, *, as_pid_1: bool = False) -> list[str]:
+    """bwrap's command line in one of the two shapes (see above), around ``mounts``.
+
+    ``as_pid_1``: no bwrap init in the PID namespace; the program (or, as root, the
+    inner bwrap) is its PID 1, so every process is reaped by its own parent and the
+    caller's RUSAGE_CHILDREN counts the program (bwrap's init is never waited for).
+    """
+    common = ["--die-with-parent", "--new-session", *(["--as-pid-1"] if as_pid_1 else []),
+              *mounts]
     if drop_to is None:
         return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", *common, *chdir, "--"]
     uid, gid = drop_to
@@ -185,18 +198,23 @@ def bwrap_argv(bwrap: str, *, workspace: Path, data_fds: dict[str, int], tmp_byt
              "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
              "--cap-add", "CAP_SETPCAP", *common]
     drop = [setpriv, f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--"]
+            "--inh-caps=-all", "--bounding-set=-all",
+            # As PID 1 nothing else dies with bwrap: changing uid cleared the death signal
+            # bwrap set, so set it again (util-linux 2.33+), or a kill leaves the run going.
+            *(["--pdeathsig=SIGKILL"] if as_pid_1 else []), "--"]
     # The inner bwrap keeps the outer mount tree and adds the user namespace. --dev-bind,
     # because --bind would mark it nodev and break /dev/null; the outer mounts' own
     # nosuid/nodev/ro flags stay (a user namespace cannot clear them). Only the inner
-    # one changes into the workspace: the outer root kept no capability to enter a
-    # 0700 directory of the sandbox user's.
+    # one changes directory: the outer root kept no capability to enter a 0700
+    # directory of the sandbox user's. It mounts its scratch tmpfs on /tmp, which must exist.
     inner = [bwrap, "--unshare-user", "--disable-userns", "--die-with-parent",
              "--dev-bind", "/", "/", *chdir, "--"]
     return [*outer, "--", *drop, *inner]
 
 
-def _mounts(workspace: Path, data_fds: dict[str, int], tmp_bytes: int) -> list[str]:
+def system_mounts() -> list[str]:
+    """Read-only /usr with the top-level links into it (the loader, libc), a private /proc
+    and a minimal /dev: what any program needs."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _TOP_LEVEL:
         host = Path("/") / name
@@ -204,18 +222,29 @@ def _mounts(workspace: Path, data_fds: dict[str, int], tmp_bytes: int) -> list[s
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    return args + ["--proc", "/proc", "--dev", "/dev"]
+
+
+def prefix_mounts() -> list[str]:
+    """The bot's Python installation, read-only, when ``/usr`` does not hold it. Mount it
+    after any tmpfs, which would hide a prefix under /tmp."""
+    prefix = interpreter_prefix()
+    if prefix is None:
+        return []
+    # bwrap makes missing parents 0700 (unusable by the sandbox user): make them 0755
+    # first. Only the prefix itself is bound: nothing else of its parents shows.
+    args = []
+    for parent in reversed(prefix.parents[:-1]):
+        args += ["--perms", "0755", "--dir", str(parent)]
+    return args + ["--ro-bind", str(prefix), str(prefix)]
+
+
+def _mounts(workspace: Path, data_fds: dict[str, int], tmp_bytes: int) -> list[str]:
+    args = system_mounts()
     # Private, sized tmpfs: RAM-backed, so the size is what bounds the memory they take.
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", str(tmp_bytes), "--tmpfs", tmp]
-    prefix = interpreter_prefix()
-    if prefix is not None:
-        # After the tmpfs mounts, which would hide a prefix under /tmp. bwrap makes
-        # missing parents 0700 (unusable by the sandbox user): make them 0755 first.
-        # Only the prefix itself is bound: nothing else of its parents shows.
-        for parent in reversed(prefix.parents[:-1]):
-            args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind", str(prefix), str(prefix)]
+    args += prefix_mounts()
     args += ["--perms", "0755", "--dir", "/etc"]
     for path in _ETC_SHARED:
         args += ["--ro-bind-try", path, path]

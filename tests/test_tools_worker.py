@@ -19,11 +19,14 @@ def test_the_child_sees_nothing_of_the_bot_and_runs_under_its_limits(monkeypatch
         seen = worker.run("probe", {}, b"x" * 1000, what="probing", limits=LIMITS)
     finally:
         os.close(leaked)
-    assert set(seen["env"]) <= {"PATH", "LANG", "PYTHONDONTWRITEBYTECODE"}
+    # Started with an empty environment: only what bwrap (PWD) and Python's locale
+    # coercion (LC_CTYPE) set themselves.
+    assert set(seen["env"]) <= {"PWD", "LC_CTYPE"}
     assert seen["limits"] == {"RLIMIT_AS": 512 << 20, "RLIMIT_CPU": 5, "RLIMIT_FSIZE": 0,
-                              "RLIMIT_CORE": 0}
+                              "RLIMIT_CORE": 0, "RLIMIT_NPROC": 0}
     assert seen["cwd"] == "/" and "" not in seen["sys_path"] and "/" not in seen["sys_path"]
-    assert not any(p.endswith("/tools") for p in seen["sys_path"])  # -P: no script folder
+    assert seen["sys_path"][0] == "/parse"  # the sealed folder, which holds parsers.py only
+    assert not any(p.endswith("/tools") or "site-packages" in p for p in seen["sys_path"])
     assert not seen["tools_imported"]  # the child never imports the bot's tools package
     assert leaked not in seen["fds"] and len(seen["fds"]) <= 4  # 0, 1, 2 and the listing's own
     assert seen["bytes"] == 1000

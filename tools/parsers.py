@@ -1,12 +1,14 @@
 """The work ``tools.worker`` runs in its child process: grep, outline, PDF text, image facts.
 
-This file is the child's program: ``python -P [-S] tools/parsers.py TASK MB CPU``. It
-imports only the standard library at start (pypdf and Pillow inside the tasks that use
-them), never the ``tools`` package, so a child starts in about a quarter of the time a
+This file is the child's program, ``python ... parsers.py TASK MB CPU``, run sealed in
+bubblewrap as ``/parse/parsers.py`` (see ``tools.worker``). It imports only the standard
+library at start (pypdf and Pillow inside the tasks that use them, from beside it in
+``/parse``), never the ``tools`` package, so a child starts in about a quarter of the time a
 ``tools`` import takes. It sets its own rlimits first (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE 0,
-RLIMIT_CORE 0), then reads a JSON line of arguments and the data from stdin, and writes one
-JSON object to stdout: ``{"value": ...}``, ``{"refused": message}`` (the input is at fault:
-the message is for the agent), ``{"memory": true}`` or ``{"bug": traceback}``.
+RLIMIT_CORE 0, RLIMIT_NPROC 0: it starts no process or thread), then reads a JSON line of
+arguments and the data from stdin, and writes one JSON object to stdout: ``{"value": ...}``,
+``{"refused": message}`` (the input is at fault: the message is for the agent),
+``{"memory": true}`` or ``{"bug": traceback}``.
 
 Files come as descriptors the bot opened through the workspace jail and passed down, so
 the child needs no paths; walks below them open with ``O_NOFOLLOW`` and never follow a link.
@@ -272,26 +274,41 @@ def image_task(args: dict, data: bytes) -> dict:
             "frames": frames, "mime": Image.MIME.get(image.format or "", "application/octet-stream")}
 
 
-def probe_task(_: dict, data: bytes) -> dict:
-    """What a task sees: environment names, rlimits, working directory, descriptors, modules.
-    For the tests and the benchmark; it reads nothing of the agent's."""
-    limits = {name: resource.getrlimit(getattr(resource, name))[0]
-              for name in ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE")}
-    return {"env": sorted(os.environ), "limits": limits, "cwd": os.getcwd(),
-            "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")), "bytes": len(data),
-            "sys_path": sys.path, "tools_imported": "tools" in sys.modules}
+def probe_task(args: dict, data: bytes) -> dict:
+    """What a task sees: environment names, ids, rlimits, working directory, descriptors,
+    modules, the processes in its /proc, and for each path in ``args["read"]`` its first
+    bytes or the error. For the tests and the probes: the paths stand in for what code an
+    exploit ran in a parser would try to read. The bot never passes the agent's paths."""
+    names = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC")
+    limits = {name: resource.getrlimit(getattr(resource, name))[0] for name in names}
+    return {"env": sorted(os.environ), "uid": os.getuid(), "gid": os.getgid(), "limits": limits,
+            "cwd": os.getcwd(), "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+            "bytes": len(data), "sys_path": sys.path, "tools_imported": "tools" in sys.modules,
+            "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+            "read": {path: _first_bytes(path) for path in args.get("read", [])}}
+
+
+def _first_bytes(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).decode("latin-1")
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror}"
 
 
 TASKS = {"grep": grep_task, "outline": outline_task, "pdf": pdf_task, "image": image_task,
-         "probe": probe_task}
+         "probe": probe_task, "probe_packages": probe_task}
 
 
 # --- the child's program ---
 
 
 def _limit(memory_mb: int, cpu_s: int) -> None:
+    # RLIMIT_NPROC 0: no fork or thread (what code an exploit ran could use to outlive the
+    # parse); it binds every uid but root, and the sandbox never runs this as root.
     for which, value in ((resource.RLIMIT_AS, memory_mb * _MIB), (resource.RLIMIT_CPU, cpu_s),
-                         (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0)):
+                         (resource.RLIMIT_FSIZE, 0), (resource.RLIMIT_CORE, 0),
+                         (resource.RLIMIT_NPROC, 0)):
         _, hard = resource.getrlimit(which)
         soft = value if hard == resource.RLIM_INFINITY else min(value, hard)
         # CPU: the soft limit sends SIGXCPU; the hard one, a second later, SIGKILL.

@@ -1,6 +1,6 @@
 """Search tools: grep, glob, file_info, tree and outline.
 
-grep and outline work on the agent's bytes in a worker process under limits
+grep and outline work on the agent's bytes in a sealed worker process under limits
 (``tools.worker``): a pattern that backtracks without end, or a file whose
 syntax tree takes gigabytes, stops there with a clear error and never holds
 the bot's GIL. grep's worker gets the file or folder already opened through
@@ -25,6 +25,7 @@ from tools import ToolContext, ToolError, tool, worker
 from tools.files import existing, is_binary, open_dir, open_file, rel, resolve_no_follow, scan
 from tools.fsroot import DIR_FLAGS, FsRoot
 from tools.parsers import SKIPPED_DIRS, walk
+from tools.programs import sandbox_of
 
 MAX_GLOB_RESULTS = 200
 MAX_GLOB_PARTS = 32  # folder levels a pattern may name (repeated ** count once)
@@ -49,12 +50,16 @@ def grep(ctx: ToolContext, pattern: str, path: str = ".", glob: str = "*") -> st
         raise ToolError(f"the pattern is {len(pattern)} characters long; the limit is "
                         f"{MAX_PATTERN_CHARS}")
     target = existing(ctx, path)
+    box = sandbox_of(ctx)
     # Opened here, through the jail; the worker only gets the descriptor.
     fd = open_dir(ctx, path) if target.is_dir() else ctx.workspace.open(path)
     try:
-        args = {"pattern": pattern, "path": path, "glob": glob, "fd": fd,
-                "folder": stat.S_ISDIR(os.fstat(fd).st_mode), "base": rel(ctx, target)}
-        return worker.run("grep", args, fds=(fd,), limits=GREP_LIMITS,
+        folder = stat.S_ISDIR(os.fstat(fd).st_mode)
+        if folder:  # the worker walks it as the sandbox user, who must be able to enter it
+            worker.prepare_folder(ctx.workspace.root, box)
+        args = {"pattern": pattern, "path": path, "glob": glob, "fd": fd, "folder": folder,
+                "base": rel(ctx, target)}
+        return worker.run("grep", args, fds=(fd,), limits=GREP_LIMITS, box=box,
                           what=f"grep for {pattern!r} in {path}",
                           hint="the pattern may backtrack without end (nested repeats such as "
                                "(a+)+ or (.*)*); simplify it, or narrow path or glob")
@@ -217,5 +222,5 @@ def outline(ctx: ToolContext, path: str) -> str:
                         f"files up to {MAX_OUTLINE_BYTES // 2**20} MiB. grep for '^\\s*(def|class) ' "
                         "finds the definitions instead")
     return worker.run("outline", {"path": path}, source, limits=OUTLINE_LIMITS,
-                      what=f"outlining {path}",
+                      box=sandbox_of(ctx), what=f"outlining {path}",
                       hint="grep for '^\\s*(def|class) ' finds the definitions instead")

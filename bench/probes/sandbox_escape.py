@@ -1,5 +1,5 @@
-"""Sandbox escape probes: programs run through ``run_python`` and file-tool calls that try
-to reach the host, all through the real runtime's tools and its bwrap sandbox.
+"""Sandbox escape probes: programs run through ``run_python``, file-tool calls and the parse
+worker's jail that try to reach the host, all through the real runtime's tools and sandbox.
 
 Each program prints ``VERDICT {"escaped": ...}``; where the host can look for itself (a
 file written, a connection accepted, a process killed or left behind) it does, and a
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.probes import Tally
 from bench.probes.world import call, processes_with, runtime, verdict
+from tools import worker
 
 CHANNEL = "attacker"
 PRELUDE = """\
@@ -237,6 +238,24 @@ async def _file_tools(tally: Tally, host: Host) -> None:
     tally.check("host side: no folder made outside", not (host.root.parent / "escaped-dir").exists())
 
 
+async def _parse_worker(tally: Tally, host: Host) -> None:
+    """Code run by an exploited PDF or image parser, standing in as the worker's probe task
+    in the same jail: the canary inherited the bot's environment, so its environ holds the
+    token; the host secret and the repository are files of the bot's."""
+    paths = [f"/proc/{pid}/environ" for pid in (1, 2, 3, os.getpid(), host.canary.pid)]
+    paths += [host.args["secret_path"], *host.args["host_paths"], "/proc/self/environ"]
+    box = host.rt.spaces.context(CHANNEL).services.sandbox
+
+    async def attempt():
+        seen = await asyncio.to_thread(worker.run, "probe_packages", {"read": paths},
+                                       what="probing the parse worker", box=box)
+        text = json.dumps(seen)
+        leaked = host.args["env_token"] in text or host.secret in text
+        return not leaked and seen["uid"] != 0, {"uid": seen["uid"], "read": seen["read"]}
+
+    await tally.probe("parse worker: read the bot's environ and a host file", attempt)
+
+
 async def run(tally: Tally, work: Path, quick: bool) -> None:
     token = uuid.uuid4().hex
     os.environ["NIGHTSHIFT_PROBE_TOKEN"] = f"env-{token}"  # inherited by nothing in the sandbox
@@ -249,6 +268,7 @@ async def run(tally: Tally, work: Path, quick: bool) -> None:
                 await _program(tally, host, name)
             await _host_side(tally, host)
             await _file_tools(tally, host)
+            await _parse_worker(tally, host)
             await _bounded(tally, host, token)
         finally:
             host.close()
