@@ -132,3 +132,18 @@ def test_entries_removed_behind_its_back_free_their_room(tmp_path):
     first.unlink()
     cache.put(image(3), ".png")  # all recent, yet it fits: the deleted one is not counted
     assert cache.used() <= 100 * KIB and len(names(tmp_path / "images")) == 2
+
+
+def test_discard_removes_one_image_and_gives_its_room_back(tmp_path):
+    data = tmp_path / "data"
+    budget = DiskBudget(data, 10 * 2**20)
+    budget.refresh()
+    cache = ImageCache(data / "images", max_bytes=2**20, disk=budget)
+    kept, _ = cache.put(image(1), ".png")
+    gone, _ = cache.put(image(2), ".png")
+    before = (cache.used(), budget.total())
+    assert cache.discard(f"{gone}.png") and not cache.discard(f"{gone}.png")
+    assert names(data / "images") == {f"{kept}.png"}
+    assert cache.used() == before[0] - 40 * KIB and budget.total() <= before[1] - 40 * KIB
+    with pytest.raises(ValueError, match="not a cached image"):
+        cache.discard("../store.db")

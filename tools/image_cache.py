@@ -109,6 +109,25 @@ class ImageCache:
             index[name] = (now, size)
             return digest, target
 
+    def discard(self, name: str) -> bool:
+        """Remove one cached image (``/forget``), keeping the index and the budget's count
+        right; whether it was there. Only a plain name inside the cache is accepted."""
+        if Path(name).name != name or name.startswith("."):
+            raise ValueError(f"{name!r} is not a cached image's name")
+        path = self.folder / name
+        with self._lock:
+            index = self._entries()
+            try:
+                size = path.lstat().st_blocks * 512
+                path.unlink()
+            except FileNotFoundError:
+                index.pop(name, None)
+                return False
+            index.pop(name, None)
+            if self.disk is not None:
+                self.disk.release(path, size)
+            return True
+
     def _entries(self) -> dict[str, tuple[float, int]]:
         if self._index is None:
             self._index = {}
