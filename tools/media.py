@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tools import ToolContext, ToolError, ToolResult, tool, worker
 from tools.image_cache import ImageCache
+from tools.programs import sandbox_of
 from tools.sizes import human_size
 
 MAX_PDF_PAGES = 10
@@ -90,7 +91,7 @@ def read_pdf(ctx: ToolContext, path: str, start_page: int = 1, pages: int = MAX_
     try:
         args = {"path": path, "start_page": start_page, "pages": pages, "fd": fd,
                 "max_chars": MAX_PDF_CHARS, "max_bytes": MAX_PDF_BYTES}
-        return worker.run("pdf", args, fds=(fd,), limits=PDF_LIMITS,
+        return worker.run("pdf", args, fds=(fd,), limits=PDF_LIMITS, box=sandbox_of(ctx),
                           what=f"reading {path}",
                           hint="the PDF may be damaged or made to stall readers; try fewer pages")
     finally:
@@ -134,7 +135,7 @@ def view_image(ctx: ToolContext, path: str) -> ToolResult:
     cache = _cache(ctx)
     data = read_workspace_file(ctx, path, MAX_IMAGE_BYTES, "an image")
     facts = worker.run("image", {"path": path, "max_pixels": MAX_IMAGE_PIXELS}, data,
-                       limits=IMAGE_LIMITS, what=f"opening {path}",
+                       limits=IMAGE_LIMITS, box=sandbox_of(ctx), what=f"opening {path}",
                        hint="scale the image down or save it as a plain PNG first")
     kind = facts["format"]
     extension = _EXTENSIONS.get(kind, f".{(kind or 'img').lower()}")
