@@ -22,10 +22,11 @@ ValueError whose message says what is full, how full, and what to do), and count
 otherwise, in one step under a lock, so two channels writing at once cannot both take the
 last free bytes. Nothing already stored is ever deleted to make room.
 
-Not bounded exactly: a running program writes between two polls of the disk watch, so the
-folder can pass the budget by what one program writes in one polling interval (each file
-is capped by RLIMIT_FSIZE); the program is stopped then, what it wrote is kept, and every
-write after that is refused until usage is back under the budget. The store, the night's
+A running program is stopped at the poll of the disk watch where writing as much again as
+since the last one would pass a bound. Not bounded exactly: a program that writes in a burst
+larger than its last poll's growth, or a poll that comes late on a loaded CPU, lets it pass
+the bound by what it wrote meanwhile (each file is capped by RLIMIT_FSIZE); what it wrote is kept,
+and every write after that is refused until usage is back under the budget. The store, the night's
 files and the logs are counted but never refused: the budget stops what the agent and the
 people it serves write, not the bot's own records.
 """
@@ -223,17 +224,20 @@ class DiskBudget:
         if area is None:
             return None
         with self._lock:
+            before = self._usage.get(area, 0)
             self._set(area, used)
             if not grew:
                 return None
+            # Stopped when the growth since the last poll, once more, would pass a bound:
+            # the program writes on until the next poll, so waiting until it has passed
+            # one let it overshoot by a poll's writes (5 MiB in the quota probes).
+            ahead = max(0, used - before)
             channels = [c for c, areas in self._areas.items() if area in areas] or [None]
-            return next(filter(None, (self._why_full(area, 0, c, strict=True)
-                                      for c in channels)), None)
+            return next(filter(None, (self._why_full(area, ahead, c) for c in channels)), None)
 
-    def _why_full(self, area: str, growth: int, channel: str | None,
-                  strict: bool = False) -> str:
-        over = (lambda used, bound: used > bound) if strict else (
-            lambda used, bound: used + growth > bound)
+    def _why_full(self, area: str, growth: int, channel: str | None) -> str:
+        def over(used: int, bound: int) -> bool:
+            return used + growth > bound
         if self.budget is not None and over(self._total, self._limit()):
             return (f"the bot's disk is full: its data folder uses {size_text(self._total)} of "
                     f"its {size_text(self.budget)} budget (disk.budget_mb), so nothing more is "
