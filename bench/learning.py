@@ -430,7 +430,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_HF, help="the HF checkpoint")
     parser.add_argument("--gguf", help="the GGUF served (its conversion of --model)")
-    parser.add_argument("--families", nargs="+", default=DEFAULT_FAMILIES, choices=list(FAMILIES),
+    parser.add_argument("--families", nargs="+", choices=list(FAMILIES),
                         help=f"default: {' '.join(DEFAULT_FAMILIES)} (the README's figure)")
     parser.add_argument("--train", type=int, default=16, help="practised items a family")
     parser.add_argument("--held", type=int, default=40, help="held-out items a family")
@@ -478,8 +478,9 @@ def main() -> None:
     if args.tabulate:
         days = days_of([kept_result(d) for d in args.tabulate])
         print(header(sys.argv[1:], []) + "\n")
-        print(table(days, [f for f in args.families if all(f in d for d in days)]))
+        print(table(days, [f for f in args.families or FAMILIES if all(f in d for d in days)]))
         return
+    args.families = args.families or DEFAULT_FAMILIES
     if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:
         parser.error("--day and --keep must be different directories")
     if args.quick:
