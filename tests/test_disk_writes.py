@@ -111,6 +111,18 @@ async def test_a_program_writing_past_the_budget_is_stopped(tmp_path, sandboxed)
     assert budget.refresh() <= budget.budget + 16 * MIB
 
 
+async def test_no_program_starts_when_the_budget_has_no_room(tmp_path, sandboxed):
+    data = tmp_path / "data"
+    budget = full_budget(data, 0)
+    ctx = open_channel(data, "full", budget, sandbox=Sandbox(disk=budget))
+    budget.budget = budget.refresh()  # not a byte left
+    for tool, args in (("run_python", {"code": "print('ran')"}),
+                       ("job_start", {"code": "print('ran')"})):
+        result = await REGISTRY.call(tool, args, ctx)
+        assert not result.ok and "not started: the disk is full" in result.output, tool
+    assert not (ctx.workspace.root / "jobs").exists()
+
+
 async def test_undo_copies_are_skipped_with_a_note_when_the_budget_has_no_room(tmp_path, sandboxed):
     data = tmp_path / "data"
     budget = DiskBudget(data, None)

@@ -98,9 +98,21 @@ def check_available(box: Sandbox) -> None:
         raise refusal(SandboxUnavailable(missing_message()))
 
 
+def refuse_when_full(ctx: ToolContext) -> None:
+    """A program is not started when the data folder's budget (or this channel's or its
+    person's share) has no room left: the disk watch would stop it only at its first poll,
+    after what it wrote by then had passed the bound (16 MiB in the quota probe)."""
+    disk = ctx.services.disk
+    if disk is not None and (room := disk.room(ctx.channel)) is not None and room <= 0:
+        raise ToolError(f"not started: the disk is full ({disk.report(ctx.channel)}); there "
+                        "is no room for a program's output: delete files you no longer need first")
+
+
 async def run_program(ctx: ToolContext, argv: list[str], *, timeout_s: float,
                       env: dict[str, str] | None = None) -> ProcessResult:
-    """Run ``argv`` in the channel's workspace; a missing sandbox is a ToolError."""
+    """Run ``argv`` in the channel's workspace; a missing sandbox or a full disk budget is a
+    ToolError."""
+    refuse_when_full(ctx)
     box = with_timeout(sandbox_of(ctx), timeout_s)
     try:
         return await box.run(argv, ctx.workspace, timeout_s=timeout_s, env=env)

@@ -31,6 +31,7 @@ from tools.jobs import JobRunner
 from tools.programs import (
     ProgramChanges,
     clip,
+    refuse_when_full,
     run_program,
     sandbox_of,
     workspace_in_sandbox,
@@ -131,6 +132,7 @@ async def job_start(ctx: ToolContext, code: str, timeout_s: int = 600) -> str:
         raise ToolError(f"timeout_s must be between 1 and {MAX_JOB_TIMEOUT_S}, got {timeout_s}")
     if not code.strip():
         raise ToolError("code is empty; pass the Python program to run")
+    refuse_when_full(ctx)
     record = job_runner(ctx).start(code, timeout_s)
     folder = record["folder"]
     return (f"started job {record['id']} (timeout {timeout_s} s); code in {folder}/main.py, output "
