@@ -112,7 +112,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         "practice": {"temperature": args.temperature, "held_out_percent": 0,
                      "max_steps": args.practice_steps or min(args.max_steps,
                                                              Config().practice.max_steps)},
-        "night": {"auto_promote": False, "imitate_passing": bool(args.imitate_passing)},
+        "night": {"auto_promote": False, **({} if args.imitate_passing is None else
+                                             {"imitate_passing": args.imitate_passing})},
         "train": train,
     }
     lines = []
@@ -446,8 +447,9 @@ def main() -> None:
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
-    parser.add_argument("--imitate-passing", action="store_true",
-                        help="night.imitate_passing: also imitate a mixed group's passing attempts")
+    parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
+                        help="night.imitate_passing: also imitate a mixed group's passing "
+                             "attempts (default: the config's, on)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
     parser.add_argument("--practice-steps", type=int,

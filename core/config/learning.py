@@ -59,7 +59,7 @@ class NightConfig(_Section):
     )
     seed: int = Field(0, description="an integer seed for the night's samples")
     imitate_passing: bool = Field(
-        False, description="also imitate (train.imitation's likelihood) the attempts that "
+        True, description="also imitate (train.imitation's likelihood) the attempts that "
                            "passed in a practice group whose attempts differ: best-of-G "
                            "fine-tuning beside OAPL"
     )
