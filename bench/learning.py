@@ -99,7 +99,7 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
     for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch", "schedule",
-                "warmup_steps"):
+                "warmup_steps", "stop_split", "stop_every"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -262,6 +262,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
           f"imitation {t.imitation:g}"
+          + (f"; stop split {t.stop_split:g} every {t.stop_every}" if t.stop_split else "")
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
           + (f"; the day kept in {kept_day}" if kept_day else ""),
           flush=True)
@@ -403,6 +404,10 @@ def report(result: dict, started: float) -> None:
           f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")
     if trained.get("budget_note"):
         print(f"budget: {trained['budget_note']}")
+    if trained.get("stop_checks"):
+        checks = ", ".join(f"{c['step']}: {c['margin']:+.3f}" for c in trained["stop_checks"])
+        print(f"stopping checks (step: held-out margin): {checks}"
+              + (f"; {trained['stop_note']}" if trained.get("stop_note") else ""))
     groups = progress.get("groups_summary")
     if groups and groups.get("groups"):
         print(f"mixed practice groups: {groups['groups']}, advantage spread "
@@ -451,6 +456,10 @@ def main() -> None:
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
+    parser.add_argument("--stop-split", type=float,
+                        help="train.stop_split: the share of mixed practice groups held out "
+                             "to stop the night on evidence (0 = off)")
+    parser.add_argument("--stop-every", type=int, help="train.stop_every (steps between checks)")
     parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
     parser.add_argument("--practice-steps", type=int,
                         help="practice.max_steps (default: its default, at most --max-steps)")

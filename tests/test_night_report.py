@@ -432,3 +432,16 @@ def test_the_report_shows_the_mixed_groups_margins_and_a_budget_cut():
     assert "Practice groups with mixed rewards: none (no group-relative signal tonight)." \
         in report_text(night)
     assert "Practice groups" not in report_text(job(7))  # a night before this was logged
+
+
+def test_the_report_says_when_held_out_practice_groups_stopped_the_night():
+    night = job(7)
+    night["progress"]["trained"].update(
+        steps=8, planned_steps=16, stop_note="kept step 4's weights: 5 held-out practice "
+        "groups' margin peaked there (+0.120 nats a token), stopped after 8 of 16 steps")
+    lines = report_text(night).splitlines()
+    assert ("Stopped on evidence: kept step 4's weights: 5 held-out practice groups' margin "
+            "peaked there (+0.120 nats a token), stopped after 8 of 16 steps.") in lines
+    del night["progress"]["trained"]["stop_note"]
+    assert not any(line.startswith("Stopped on evidence") for line in
+                   report_text(night).splitlines())

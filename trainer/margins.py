@@ -97,16 +97,23 @@ def _rounded_mean(values: list[float]) -> float | None:
 
 
 @torch.no_grad()
-def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,
-            pad_id: int, device: torch.device, shares: bool) -> list[dict]:
-    """The night's mixed groups, measured with ``policy`` as trained: each grouped
-    example's log-probs at its judged actions against its ``lag`` (which must be set)."""
-    grouped = [e for e in examples if getattr(e, "group", "") and e.terms]
+def changes_under(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,
+                  pad_id: int, device: torch.device, shares: bool) -> list[float | None]:
+    """``changes`` with ``policy`` as it is now: each example's log-probs at its judged
+    actions against its ``lag`` (which must be set)."""
     found: dict[int, torch.Tensor] = {}
-    for micro in micro_batches(grouped, micro_batch, micro_tokens, shares):
+    for micro in micro_batches(examples, micro_batch, micro_tokens, shares):
         batch = collate(micro, pad_id)
         logp = policy(batch["ids"].to(device), shared_prefix(micro),
                       oapl_reads(batch).to(device)).float().cpu()  # (B, T)
         for row, e in enumerate(micro):
             found[id(e)] = logp[row, :len(e.ids)]
-    return group_margins(grouped, changes(grouped, [found[id(e)] for e in grouped]))
+    return changes(examples, [found[id(e)] for e in examples])
+
+
+def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,
+            pad_id: int, device: torch.device, shares: bool) -> list[dict]:
+    """The night's mixed groups, measured with ``policy`` as trained."""
+    grouped = [e for e in examples if getattr(e, "group", "") and e.terms]
+    return group_margins(grouped, changes_under(policy, grouped, micro_batch, micro_tokens,
+                                                pad_id, device, shares))

@@ -36,6 +36,11 @@ class Settings:
     steps: int | None = _TRAIN.steps or None  # optimizer steps; overrides epochs and min_steps
     min_steps: int = _TRAIN.min_steps  # the fewest optimizer steps when steps is unset
     max_epochs: int = _TRAIN.max_epochs  # passes min_steps may repeat the data to
+    # Stopping on evidence (trainer.stopping): the share of mixed practice groups held out,
+    # steps between checks, checks without a gain before the stop. 0 = train planned steps.
+    stop_split: float = _TRAIN.stop_split
+    stop_every: int = _TRAIN.stop_every
+    stop_patience: int = _TRAIN.stop_patience
     max_tokens: int = 8192  # longer sequences are cut; the night passes the served context
     # The format the server used (core.model.chat_format): rows render as it rendered them.
     chat_format: str = FUNCTION_CALLING
@@ -86,6 +91,8 @@ class TrainResult:
     budget_note: str = ""  # why fewer steps than planned ran, or ""
     tokens_per_s: float = 0.0  # tokens over the steps' own seconds (loading left out)
     groups: list[dict] = field(default_factory=list)  # trainer.margins, per mixed group
+    stop_note: str = ""  # how stopping on evidence ended or rolled back the night, or ""
+    stop_checks: list[dict] = field(default_factory=list)  # trainer.stopping, per check
 
 
 def checkpointing(setting: str, base_dir: Path) -> bool:

@@ -230,7 +230,8 @@ class Night:
                    "planned_steps": result.planned_steps,
                    "tokens_per_s": round(result.tokens_per_s, 1),
                    "budget_s": None if budget is None else round(budget, 1),
-                   "budget_note": result.budget_note}
+                   "budget_note": result.budget_note,
+                   "stop_note": result.stop_note, "stop_checks": result.stop_checks}
         # Each mixed practice group: its advantages' spread and what training did to its
         # passing attempts against its failing ones (trainer.margins); the report shows it.
         await self.set(trained=trained, groups=result.groups[:GROUPS_KEPT],

@@ -28,6 +28,11 @@ stages) a night that would run past it trains fewer steps, and says so
 (``TrainResult.budget_note``): before the first step by an earlier night's tokens/s,
 after each by this night's mean step time (``trainer.budget``).
 
+**Stopping on evidence.** With ``stop_split`` > 0 that share of the mixed practice
+groups is held out of training and scored every ``stop_every`` steps; the night keeps
+the best check's weights and stops when ``stop_patience`` checks in a row gain nothing
+(``trainer.stopping``, ``TrainResult.stop_note``).
+
 **Groups.** After the loop, every practice group with mixed rewards is measured:
 the spread of its advantages and the change in mean per-token log-prob of its passing
 attempts against its failing ones, trained against pi_lag (``trainer.margins``).
@@ -88,10 +93,11 @@ from trainer.examples import (  # noqa: F401 - re-exported
 )
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 from trainer.lr_schedule import check, lr_factor
-from trainer.margins import measure
+from trainer.margins import changes_under, measure
 from trainer.plan import batches, plan
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.settings import Settings, TrainResult
+from trainer.stopping import Stopper, split
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -244,6 +250,7 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     if len(examples) < accelerator.num_processes:
         raise ValueError(f"{len(examples)} training sequences for {accelerator.num_processes} "
                          "processes: launch fewer processes")
+    examples, held = split(examples, settings.stop_split, settings.seed)
     steps, batch = plan(len(examples), settings, accelerator.num_processes)
     settings = replace(settings, batch=batch)
     # model
@@ -256,6 +263,7 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
            "optimizer": optimizer, "trainable": trainable, "pad_id": pad_id}
     if settings.start_adapter:  # the adapter moves from the first step: pi_lag before it
         fill_lag(model, policy, examples, settings, pad_id, accelerator.device)
+    stopper = _stopper(ctx, [e for e in held if e.terms])
     # loop
     history, seen = [], 0
     planned = steps
@@ -284,7 +292,13 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
                         tok_s=f"{event['tokens_per_s']:.0f}")
         if on_step is not None and accelerator.is_main_process:
             on_step(event)
+        if stopper.due(step) and step < steps and stopper.score(step):
+            break
     bar.close()
+    if stopper.held and (not stopper.checks or stopper.checks[-1]["step"] != step):
+        stopper.score(step)
+    stopper.restore(step)
+    stopped = stopper.note(step, steps)
     rate = seen / max(sum(h["seconds"] for h in history), 1e-9)
     # what the night learnt from its practice groups (trainer.margins)
     unwrapped = accelerator.unwrap_model(policy)
@@ -300,8 +314,24 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         out.mkdir(parents=True, exist_ok=True)
         accelerator.unwrap_model(policy).model.save_pretrained(str(out))
     cut = note(steps, planned, rate, settings.time_budget_s) if steps < planned else ""
-    return TrainResult(out, steps, len(examples), seen, time.perf_counter() - started, history,
-                       model, batch, planned, cut, rate, groups)
+    return TrainResult(out, step, len(examples), seen, time.perf_counter() - started, history,
+                       model, batch, planned, cut, rate, groups, stopped, stopper.checks)
+
+
+def _stopper(ctx: dict, held: list[Example]) -> Stopper:
+    """The night's stopping checks on its held-out practice groups (trainer.stopping):
+    their pi_lag log-probs now, before any update moves the adapter."""
+    settings, acc = ctx["settings"], ctx["accelerator"]
+    shares = ctx.setdefault("shares", sharing(ctx["model"]))
+    if held:
+        fill_lag(ctx["model"], ctx["policy"], held, settings, ctx["pad_id"], acc.device, shares)
+
+    def measure_held(examples: list[Example]) -> list[float | None]:
+        return changes_under(ctx["policy"], examples, settings.micro_batch,
+                             settings.micro_tokens, ctx["pad_id"], acc.device, shares)
+
+    return Stopper(held, settings.stop_every, settings.stop_patience, measure_held,
+                   ctx["trainable"])
 
 
 def _left(settings: Settings, started: float) -> float | None:

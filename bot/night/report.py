@@ -16,7 +16,8 @@ night job's progress as it goes:
 - ``groups_summary`` and ``groups``: per practice group with mixed rewards, the
   spread of its advantages and the change in log-prob of its passing attempts
   against its failing ones after training (``trainer.margins``); ``trained``'s
-  ``budget_note`` when the night's budget cut its steps;
+  ``budget_note`` when the night's budget cut its steps, ``stop_note`` when its
+  held-out practice groups stopped it or rolled it back (``trainer.stopping``);
 - ``gate``: the outcome and its reasons, the paired gain and interval,
   open chat before/after, and ``families``: per practice family,
   ``{n, before, after}``; ``release_id`` and ``promotion``.
@@ -162,9 +163,10 @@ def training_lines(progress: dict) -> list[str]:
 
 
 def _budget_line(trained: dict) -> list[str]:
-    if trained.get("budget_note"):
-        return [f"Budget: {trained['budget_note']}."]
-    return []
+    lines = [f"Budget: {trained['budget_note']}."] if trained.get("budget_note") else []
+    if trained.get("stop_note"):
+        lines.append(f"Stopped on evidence: {trained['stop_note']}.")
+    return lines
 
 
 def group_lines(progress: dict, worst: int = 3) -> list[str]:

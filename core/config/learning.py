@@ -134,6 +134,18 @@ class TrainConfig(_Section):
     max_tokens: int = Field(
         0, ge=0, description="the longest training sequence; 0 = model.context_tokens"
     )
+    stop_split: float = Field(
+        0.0, ge=0, le=0.5,
+        description="the share of mixed practice groups held out to stop the night on "
+                    "evidence (0..0.5; 0 = off, train the planned steps)",
+    )
+    stop_every: int = Field(
+        4, ge=1, le=1000, description="optimizer steps between stopping checks (1..1000)"
+    )
+    stop_patience: int = Field(
+        2, ge=1, le=100,
+        description="checks in a row without a gain before the night stops (1..100)",
+    )
     gradient_checkpointing: Literal["auto", "on", "off"] = Field(
         "auto", description='"auto", "on" or "off"; auto = on for checkpoints of 1 GB or more'
     )
