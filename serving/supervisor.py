@@ -6,10 +6,10 @@ whole process group), sends its output to a log file under
 *and* a one-token chat completion (the canary) succeeds: llama.cpp can answer
 its health routes while generation is wedged, so only a real completion counts.
 
-The watchdog (``serving.watchdog``) repeats the canary and restarts a
-server that stopped answering. While it restarts, the ready event is cleared
-so that ``serving.client`` waits instead of failing. The swap
-(``serving.swap``) uses only the public swap interface below.
+The watchdog (``serving.watchdog``) repeats the canary and restarts a server that
+stopped answering; meanwhile the ready event is cleared, so ``serving.client`` waits
+instead of failing. The swap (``serving.swap``) uses only the swap interface below.
+Where it answers is recorded for the night's process (``core.model.served_at``).
 
 Server kinds sit behind the small ``ServerKind`` protocol: ``llama-cpp-python``
 (``python -m llama_cpp.server`` through ``core.model.shim``, which turns off
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from core.config import Config
+from core.model.served_at import record
 from serving import orphans
 from serving import swap as swapping
 from serving.kinds import (
@@ -98,6 +99,7 @@ class ServerSupervisor:
         self._last_restart_at = float("-inf")
         self.generation = 0  # counts the processes we served; the watchdog notices a new one
         self._clients: weakref.WeakSet = weakref.WeakSet()  # asked before a swap stops a server
+        self.records_url = True  # a standby records only once it takes over (switch_to)
 
     # -- state
 
@@ -143,6 +145,8 @@ class ServerSupervisor:
                 self.kind.check(self.config, self.gguf)
                 await self._await_ready()
             self._mark_ready()
+        if self.records_url:
+            record(self.config.data_dir, self.base_url)
         if watchdog:
             self.start_watchdog()
 
@@ -220,18 +224,17 @@ class ServerSupervisor:
             yield
 
     async def start_standby(self, gguf: Path, lora: Path | None) -> ServerSupervisor:
-        """A second server with ``gguf`` on a free port, canary passed, no watchdog.
-
-        On any failure it leaves no process behind."""
+        """A second server with ``gguf`` on a free port, canary passed, no watchdog; on
+        any failure it leaves no process behind."""
         standby = type(self)(self.config, gguf=gguf, port=_free_port(self.host))
         standby.lora = lora
+        standby.records_url = False
         await standby.start(watchdog=False)
         return standby
 
     def switch_to(self, standby: ServerSupervisor) -> None:
-        """Serve from ``standby``'s process and give it ours (to drain and stop).
-
-        Synchronous, so every client's next request goes to the new server."""
+        """Serve from ``standby``'s process and give it ours (to drain and stop);
+        synchronous, so every client's next request goes to the new server."""
         self._proc, standby._proc = standby._proc, self._proc
         self.port, standby.port = standby.port, self.port
         self.gguf, standby.gguf = standby.gguf, self.gguf
@@ -239,6 +242,7 @@ class ServerSupervisor:
         self.log_path, standby.log_path = standby.log_path, self.log_path
         self.generation += 1
         self._mark_ready()
+        record(self.config.data_dir, self.base_url)  # the night's process finds it there
 
     def hold_requests(self) -> None:
         """New requests wait in the clients until ``release_requests``."""

@@ -21,8 +21,10 @@ import pytest
 from aiohttp import web
 
 from core.config import Config
+from core.model.served_at import served_url
 from serving.client import LLM, LLMError
 from serving.supervisor import ServerStartError, ServerSupervisor
+from trainer.client import JsonClient
 
 CHAT = [{"role": "user", "content": "Say hello."}]
 ANSWER = {
@@ -354,6 +356,7 @@ async def test_a_blue_green_swap_loses_no_request_and_moves_to_a_new_process_and
 ):
     caplog.set_level(logging.WARNING)
     old_pid, old_port = live.pid, live.port
+    assert served_url(live.config) == live.base_url  # recorded at start
     async with chatting(live) as loop:
         started = time.monotonic()
         await live.swap(new_gguf, reason="test")
@@ -364,6 +367,12 @@ async def test_a_blue_green_swap_loses_no_request_and_moves_to_a_new_process_and
     assert live.gguf == new_gguf and live.ready and live.healthy
     assert live.pid not in (None, old_pid) and live.port != old_port
     assert live.base_url.endswith(f":{live.port}/v1")
+    # A night started now (its own process) finds the new server, not the configured port.
+    assert served_url(live.config) == live.base_url != live.config.base_url
+    night = JsonClient.for_config(live.config)
+    assert str(night._client.base_url).rstrip("/") == live.base_url
+    await night.ask(CHAT, {"type": "object"}, max_tokens=8)  # ModelUnavailable if not there
+    await night.close()
     assert not group_alive(old_pid)
     assert live.restarts == 0
     # The watchdog watches the new server: it restarts it, on its port, with its model.

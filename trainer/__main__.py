@@ -31,10 +31,14 @@ def _setup(config, args) -> int:
 
 async def _answers(config) -> bool:
     """Whether something listens where the night will ask the live model to judge; an
-    external server is not ours to start (unreachable, it fails the night, resumable)."""
+    external server is not ours to start (unreachable, it fails the night, resumable).
+    Where: the port the bot's server moved to on its last swap (core.model.served_at)."""
+    from urllib.parse import urlsplit
+
+    from core.model.served_at import served_url
     from serving.supervisor import ServerSupervisor
 
-    supervisor = ServerSupervisor(config)
+    supervisor = ServerSupervisor(config, port=urlsplit(served_url(config)).port)
     return not supervisor.kind.spawns or await supervisor.port_in_use()
 
 

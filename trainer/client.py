@@ -15,6 +15,7 @@ from typing import Any
 import openai
 
 from core.config import Config
+from core.model.served_at import served_url
 from core.model.wire import neutral_messages
 
 
@@ -39,7 +40,10 @@ class JsonClient:
 
     @classmethod
     def for_config(cls, config: Config, base_url: str | None = None) -> JsonClient:
-        return cls(base_url or config.base_url, config.model.alias, config.server.request_timeout_s)
+        """A client of the live server: where the bot's server answers now (a swap moves it
+        to another port: ``core.model.served_at``), unless ``base_url`` is given."""
+        return cls(base_url or served_url(config), config.model.alias,
+                   config.server.request_timeout_s)
 
     async def ask(self, messages: list[dict], schema: dict, max_tokens: int,
                   name: str = "answer", temperature: float = 0.0) -> tuple[Any | None, str]:
