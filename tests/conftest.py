@@ -1,4 +1,5 @@
-"""Shared fixtures: the GGUF the real-server tests serve, and free TCP ports."""
+"""Shared fixtures: the GGUF the real-server tests serve, free TCP ports, and a tiny random
+Llama for training tests."""
 
 from __future__ import annotations
 
@@ -40,3 +41,32 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors: on a busy CI machine extra threads only contend."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory) -> Path:
+    """A tiny random Llama (hidden 64, 2 layers) with the real SmolLM2 tokenizer, saved."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    hf_dir = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
+    tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
+                         tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny-base")
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
