@@ -65,7 +65,7 @@ def tiny_base(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
-                         tie_word_embeddings=True)
+                         tie_word_embeddings=True)  # no pad_token_id: it would zero <|im_end|>
     path = tmp_path_factory.mktemp("tiny-base")
     LlamaForCausalLM(config).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))

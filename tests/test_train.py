@@ -13,7 +13,6 @@ from trainer import train as T
 from trainer import train_cli
 from trainer.losses import echo_loss, imitation_loss, oapl_loss
 
-HF_DIR = Path(__file__).parents[1] / "data/models/smollm2-135m-instruct-hf"
 TOOLS = [{"type": "function", "function": {
     "name": "add", "description": "Add.",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
@@ -38,27 +37,13 @@ def _rows() -> list[dict]:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tensors here are tiny; on a busy CI machine extra threads only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def one_thread(one_torch_thread):
+    return None
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(HF_DIR))
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tokenizer),
-                         tie_word_embeddings=True)  # no pad_token_id: it would zero <|im_end|>
-    path = tmp_path_factory.mktemp("tiny-base")
-    LlamaForCausalLM(config).save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
-    return path
+def base_dir(tiny_base) -> Path:
+    return tiny_base
 
 
 @pytest.fixture(scope="module")

@@ -48,23 +48,35 @@ def changes(examples: list[Any], after: list[torch.Tensor]) -> list[float | None
     return out
 
 
+def attempt_advantages(examples: list[Any]) -> dict[str, dict[Any, float]]:
+    """Per practice group, each attempt's advantage (the mean over its messages), by
+    episode. A demonstration has no advantage (imitated only) and is in none; a passing
+    attempt imitated beside OAPL (night.imitate_passing) has one, and counts like the rest."""
+    out: dict[str, dict[Any, float]] = defaultdict(dict)
+    for e in examples:
+        if getattr(e, "group", "") and len(e.adv):
+            out[e.group].setdefault(e.episode, float(e.adv.float().mean()))
+    return out
+
+
+def mixed(advantages: dict[Any, float]) -> bool:
+    """Passing and failing attempts side by side: advantages of both signs."""
+    return min(advantages.values()) < 0 < max(advantages.values())
+
+
 def group_margins(examples: list[Any], change: list[float | None]) -> list[dict]:
     """One entry per group with mixed rewards: attempts, passing, failing, the spread
     and range of their advantages, the passing and failing changes and their margin."""
     grouped: dict[str, list[tuple[Any, float | None]]] = defaultdict(list)
     for e, c in zip(examples, change):
-        # A demonstration has no advantage (imitated only); a passing attempt imitated
-        # beside OAPL (night.imitate_passing) has one, and is measured like the rest.
         if getattr(e, "group", "") and len(e.adv):
             grouped[e.group].append((e, c))
     out = []
-    for group, members in sorted(grouped.items()):
-        advantage = {}  # episode -> its attempt's advantage (the mean over its messages)
-        for e, _ in members:
-            advantage.setdefault(e.episode, float(e.adv.float().mean()))
+    for group, advantage in sorted(attempt_advantages(examples).items()):
+        if not mixed(advantage):
+            continue  # nothing relative to learn
+        members = grouped[group]
         values = list(advantage.values())
-        if not (min(values) < 0 < max(values)):
-            continue  # not mixed: nothing relative to learn
         passing = [c for e, c in members if advantage[e.episode] > 0 and c is not None]
         failing = [c for e, c in members if advantage[e.episode] < 0 and c is not None]
         mean = sum(values) / len(values)

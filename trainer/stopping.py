@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainer.margins import group_margins, summary
+from trainer.margins import attempt_advantages, group_margins, mixed, summary
 
 # A check beats the best only by this much (nats a token): a flat margin is no evidence.
 MIN_GAIN = 0.005
@@ -36,12 +36,8 @@ MIN_GROUPS = 3
 
 def mixed_groups(examples: list[Any]) -> list[str]:
     """The groups whose attempts' advantages have both signs, sorted."""
-    advantage: dict[str, dict[Any, float]] = {}
-    for e in examples:
-        if getattr(e, "group", "") and e.terms and len(e.adv):
-            advantage.setdefault(e.group, {}).setdefault(e.episode, float(e.adv.float().mean()))
-    return sorted(g for g, by_episode in advantage.items()
-                  if min(by_episode.values()) < 0 < max(by_episode.values()))
+    groups = attempt_advantages([e for e in examples if e.terms])
+    return sorted(g for g, advantage in groups.items() if mixed(advantage))
 
 
 def split(examples: list[Any], share: float, seed: int) -> tuple[list[Any], list[Any]]:
