@@ -349,17 +349,26 @@ def kept_result(folder: Path) -> dict:
     return {"before": day["before"], "after": after, "seed": day.get("seed")}
 
 
-def compare_nights(folder: Path, latest: Path) -> tuple[str, tuple | None] | None:
-    """This night against the one kept before it on the same day, item by item: the text,
-    and the two nights' answers (None when one made no candidate)."""
+def kept_night(folder: Path, number: int) -> Path | None:
+    """The night kept in ``folder`` with this number (the -N that ends its file name)."""
+    return next((p for p in sorted((folder / NIGHTS).glob("*.json"))
+                 if p.stem.rsplit("-", 1)[-1] == str(number)), None)
+
+
+def compare_nights(folder: Path, latest: Path, against: int | None = None
+                   ) -> tuple[str, tuple | None] | None:
+    """This night against one kept before it on the same day (kept night ``against``, or
+    the last one), item by item: the text, and the two nights' answers (None when one made
+    no candidate)."""
     kept = sorted(p for p in (folder / NIGHTS).glob("*.json") if p != latest)
-    if not kept:
+    earlier = kept_night(folder, against) if against is not None else (kept or [None])[-1]
+    if earlier is None:
         return None
-    first, second = (json.loads(p.read_text()) for p in (kept[-1], latest))
+    first, second = (json.loads(p.read_text()) for p in (earlier, latest))
     if not first["after"] or not second["after"]:
         return "One of the two nights made no candidate: nothing to compare.", None
-    text = comparison(first["after"], second["after"], (kept[-1].stem, latest.stem))
-    return "\n".join([text, "", f"- {kept[-1].stem}: `{shlex.join(first['argv'])}`",
+    text = comparison(first["after"], second["after"], (earlier.stem, latest.stem))
+    return "\n".join([text, "", f"- {earlier.stem}: `{shlex.join(first['argv'])}`",
                       f"- {latest.stem}: `{shlex.join(second['argv'])}`"]), \
         (first["after"], second["after"])
 
@@ -481,6 +490,9 @@ def main() -> None:
                         "answers before and the practice from directories kept by --keep (same "
                         "families, items and seed), run only the night and the answers after on "
                         "each, and compare with the night kept before there (pooled over days)")
+    parser.add_argument("--against", type=int, metavar="N", help="with --day: compare with "
+                        "the night kept there as number N (the -N ending its file in DIR/nights) "
+                        "instead of the last one, e.g. a default night against later variants")
     parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
     parser.add_argument("--tabulate", type=Path, nargs="+", help="run nothing: print the table "
                         "of days kept by --keep (DIR/day-i), each with its own first night, so "
@@ -502,6 +514,17 @@ def main() -> None:
         # Without the sandbox every python check comes back unjudged: a whole run for nothing.
         parser.error("the tool family's checks run in the sandbox, and bubblewrap is missing "
                      "(apt-get install bubblewrap); `python -m bot doctor` checks a set-up")
+    if args.against is not None:
+        if not args.day:
+            parser.error("--against compares with a night kept beside a kept day: use it "
+                         "with --day")
+        for folder in args.day:
+            if kept_night(folder.resolve(), args.against) is None:
+                numbers = sorted((p.stem.rsplit("-", 1)[-1]
+                                  for p in (folder / NIGHTS).glob("*.json")),
+                                 key=lambda n: int(n) if n.isdigit() else -1)
+                parser.error(f"no night #{args.against} is kept in {folder / NIGHTS} (kept: "
+                             f"{', '.join(numbers) or 'none'})")
     if args.day:
         args.days = len(args.day)  # one night on each kept day
     elif args.days is None:
@@ -517,7 +540,7 @@ def main() -> None:
         print("\n" + chain_table(results, args.families, k))
     pairs = [r["compared"] for r in results if r.get("compared")]
     if len(pairs) > 1:  # the kept days' nights against this one's, pooled over the days
-        print("\n" + pooled_comparison(pairs, args.families))
+        print("\n" + pooled_comparison(pairs, args.families, against=args.against))
     if len(days) < len(results):
         print(f"\n{len(results) - len(days)} of {len(results)} days made no candidate and are "
               "left out of the table.")
@@ -536,7 +559,7 @@ def run_days(args: argparse.Namespace, base: Path, i: int) -> dict:
     if kept_day or args.keep:
         folder = kept_day.resolve() if kept_day else work
         kept = keep_night(folder, result, sys.argv[1:])
-        if kept_day and (compared := compare_nights(folder, kept)):
+        if kept_day and (compared := compare_nights(folder, kept, args.against)):
             text, result["compared"] = compared
             print("\n" + text)
     return result

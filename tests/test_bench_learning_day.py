@@ -148,6 +148,20 @@ def test_a_night_on_a_kept_day_is_compared_item_by_item_with_the_one_before(tmp_
     assert answers == ({"a": [0.0, 0.0, 1.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]})
 
 
+def test_a_night_is_compared_with_the_kept_night_named_by_against(tmp_path):
+    base = learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0, 0.0, 0.0]}}, ["--keep", "x"])
+    learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0, 1.0, 1.0]}}, ["--lr", "2"])
+    latest = learning.keep_night(tmp_path, {"after": {"a": [1.0, 0.0, 0.0, 0.0]}}, ["--lr", "3"])
+    assert learning.kept_night(tmp_path, 0) == base and learning.kept_night(tmp_path, 9) is None
+    text, answers = learning.compare_nights(tmp_path, latest, against=0)
+    assert f"{latest.stem} against {base.stem}" in text
+    assert "| a | 0.0 | 25.0 | +25.0 | [" in text  # not against night 1's 100%
+    assert answers[0] == {"a": [0.0, 0.0, 0.0, 0.0]}
+    assert learning.compare_nights(tmp_path, latest, against=9) is None
+    pooled = learning.pooled_comparison([answers], ["a"], against=0)
+    assert pooled.startswith("This night against kept night #0,")
+
+
 def test_chained_nights_are_tabulated_against_the_night_before_and_the_day_before():
     result = {"before": {"a": [0.0, 0.0, 0.0, 0.0]}, "after": {"a": [1.0, 0.0, 0.0, 0.0]},
               "chain": [{"after": {"a": [1.0, 1.0, 1.0, 0.0]}}]}
