@@ -98,8 +98,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "batch", "schedule",
-                "warmup_steps", "stop_split", "stop_every"):
+    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "max_epochs", "batch",
+                "schedule", "warmup_steps", "stop_split", "stop_every"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -465,6 +465,8 @@ def main() -> None:
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
+    parser.add_argument("--max-epochs", type=int, help="train.max_epochs: the most passes "
+                        "over the night's data that min_steps may repeat it to")
     parser.add_argument("--stop-split", type=float,
                         help="train.stop_split: the share of mixed practice groups held out "
                              "to stop the night on evidence (0 = off)")
