@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import shutil
 import sys
 import tempfile
@@ -77,8 +76,9 @@ from core.practice.sets import PracticeSet, load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
-from learning_table import (  # noqa: E402
-    chain_table, comparison, days_of, header, pooled_comparison, table)
+from learning_kept import (  # noqa: E402
+    DAY, NIGHTS, compare_nights, keep_night, kept_night, kept_result, night_number)
+from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
@@ -202,7 +202,6 @@ async def serve_candidate(rt: Runtime, release_id: int) -> str:
             "served anyway to measure it, as the product would not.")
 
 
-DAY = "day.json"  # a kept day's "before" answers and where its practice began
 
 
 async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
@@ -326,51 +325,6 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
     for family, pset in held.items():
         entry["after"][family] = await evaluate(rt, pset, f"after{k}")
     return True
-
-
-NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
-
-
-def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
-    """Leave this night's answers beside the kept day, so later nights compare with it."""
-    out = folder / NIGHTS
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
-    path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {}}))
-    return path
-
-
-def kept_result(folder: Path) -> dict:
-    """A day kept by ``--keep`` as a result: its answers before, and after its own night
-    (the first kept there), for ``--tabulate``."""
-    day = json.loads((folder / "day" / DAY).read_text())
-    nights = sorted((folder / NIGHTS).glob("*.json"))
-    after = json.loads(nights[0].read_text())["after"] if nights else {}
-    return {"before": day["before"], "after": after, "seed": day.get("seed")}
-
-
-def kept_night(folder: Path, number: int) -> Path | None:
-    """The night kept in ``folder`` with this number (the -N that ends its file name)."""
-    return next((p for p in sorted((folder / NIGHTS).glob("*.json"))
-                 if p.stem.rsplit("-", 1)[-1] == str(number)), None)
-
-
-def compare_nights(folder: Path, latest: Path, against: int | None = None
-                   ) -> tuple[str, tuple | None] | None:
-    """This night against one kept before it on the same day (kept night ``against``, or
-    the last one), item by item: the text, and the two nights' answers (None when one made
-    no candidate)."""
-    kept = sorted(p for p in (folder / NIGHTS).glob("*.json") if p != latest)
-    earlier = kept_night(folder, against) if against is not None else (kept or [None])[-1]
-    if earlier is None:
-        return None
-    first, second = (json.loads(p.read_text()) for p in (earlier, latest))
-    if not first["after"] or not second["after"]:
-        return "One of the two nights made no candidate: nothing to compare.", None
-    text = comparison(first["after"], second["after"], (earlier.stem, latest.stem))
-    return "\n".join([text, "", f"- {earlier.stem}: `{shlex.join(first['argv'])}`",
-                      f"- {latest.stem}: `{shlex.join(second['argv'])}`"]), \
-        (first["after"], second["after"])
 
 
 def tokens_per_s(result: dict) -> float | None:
@@ -522,8 +476,7 @@ def main() -> None:
                          "with --day")
         for folder in args.day:
             if kept_night(folder.resolve(), args.against) is None:
-                numbers = sorted((p.stem.rsplit("-", 1)[-1]
-                                  for p in (folder / NIGHTS).glob("*.json")),
+                numbers = sorted(map(night_number, (folder / NIGHTS).glob("*.json")),
                                  key=lambda n: int(n) if n.isdigit() else -1)
                 parser.error(f"no night #{args.against} is kept in {folder / NIGHTS} (kept: "
                              f"{', '.join(numbers) or 'none'})")

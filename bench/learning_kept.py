@@ -1,0 +1,61 @@
+"""The nights kept beside a kept day (``bench/learning.py --keep`` / ``--day``): each night's
+answers after, and the comparison of one night with an earlier one on the same items."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+from learning_table import comparison
+
+DAY = "day.json"  # a kept day's "before" answers and where its practice began
+NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
+
+
+def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
+    """Leave this night's answers beside the kept day, so later nights compare with it."""
+    out = folder / NIGHTS
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
+    path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {}}))
+    return path
+
+
+def kept_result(folder: Path) -> dict:
+    """A day kept by ``--keep`` as a result: its answers before, and after its own night
+    (the first kept there), for ``--tabulate``."""
+    day = json.loads((folder / "day" / DAY).read_text())
+    nights = sorted((folder / NIGHTS).glob("*.json"))
+    after = json.loads(nights[0].read_text())["after"] if nights else {}
+    return {"before": day["before"], "after": after, "seed": day.get("seed")}
+
+
+def night_number(path: Path) -> str:
+    """The -N that ends a kept night's file name (``keep_night`` numbers them)."""
+    return path.stem.rsplit("-", 1)[-1]
+
+
+def kept_night(folder: Path, number: int) -> Path | None:
+    """The night kept in ``folder`` with this number."""
+    return next((p for p in sorted((folder / NIGHTS).glob("*.json"))
+                 if night_number(p) == str(number)), None)
+
+
+def compare_nights(folder: Path, latest: Path, against: int | None = None
+                   ) -> tuple[str, tuple | None] | None:
+    """This night against one kept before it on the same day (kept night ``against``, or
+    the last one), item by item: the text, and the two nights' answers (None when one made
+    no candidate)."""
+    kept = sorted(p for p in (folder / NIGHTS).glob("*.json") if p != latest)
+    earlier = kept_night(folder, against) if against is not None else (kept or [None])[-1]
+    if earlier is None:
+        return None
+    first, second = (json.loads(p.read_text()) for p in (earlier, latest))
+    if not first["after"] or not second["after"]:
+        return "One of the two nights made no candidate: nothing to compare.", None
+    text = comparison(first["after"], second["after"], (earlier.stem, latest.stem))
+    return "\n".join([text, "", f"- {earlier.stem}: `{shlex.join(first['argv'])}`",
+                      f"- {latest.stem}: `{shlex.join(second['argv'])}`"]), \
+        (first["after"], second["after"])
