@@ -77,7 +77,8 @@ from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
-    DAY, NIGHTS, compare_nights, keep_night, kept_night, kept_result, night_number)
+    DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, kept_result, night_number,
+    versus_pairs)
 from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
@@ -135,8 +136,8 @@ def write_sets(work: Path, args: argparse.Namespace, seed: int) -> dict:
         if len(train) < args.train:
             print(f"the {family} family has only {len(train) + len(held)} distinct items: "
                   f"{len(train)} practised, not {args.train}", flush=True)
-        sets[family] = (write_set(work / "sets", family, train),
-                        write_set(work / "sets", f"{family}-heldout", held))
+        sets[family] = (write_set(work / SETS, family, train),
+                        write_set(work / SETS, f"{family}-heldout", held))
         # Named as its set (``<family>-heldout``): practice publishes the practised set's own
         # split (empty: practice.held_out_percent is 0 here) under the family's name.
         publish_held_out(work / "data" / "heldout", f"{family}-heldout",
@@ -314,7 +315,7 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
     since = time.time()
     for family in args.families:
         train, _ = items(family, args.train * k, args.held, seed)  # the held-out items stay
-        path = write_set(work / "sets", f"{family}-night{k}", train[args.train * (k - 1):])
+        path = write_set(work / SETS, f"{family}-night{k}", train[args.train * (k - 1):])
         print((await run_practice(rt.practice, path, args.samples)).splitlines()[1], flush=True)
     entry = {"night": await night(rt, since, args.night_timeout), "after": {}}
     result["chain"].append(entry)
@@ -448,16 +449,33 @@ def main() -> None:
                         "each, and compare with the night kept before there (pooled over days)")
     parser.add_argument("--against", type=int, metavar="N", help="with --day: compare with "
                         "the night kept there as number N (the -N ending its file in DIR/nights) "
-                        "instead of the last one, e.g. a default night against later variants")
+                        "instead of the last one, e.g. a default night against later variants (with "
+                        "--versus: the night of the --versus days)")
     parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
     parser.add_argument("--tabulate", type=Path, nargs="+", help="run nothing: print the table "
                         "of days kept by --keep (DIR/day-i), each with its own first night, so "
                         "that a run cut short still gives its figure")
+    parser.add_argument("--versus", type=Path, nargs="+", metavar="DIR", help="with "
+                        "--tabulate: also compare each tabulated day's night, item by item, "
+                        "with the night of the matching day here (another setting's days, "
+                        "kept with the same --seed; --against N picks its night, else the "
+                        "first), pooled over the days")
     args = parser.parse_args()
+    if args.versus and not args.tabulate:
+        parser.error("--versus compares kept days: use it with --tabulate")
     if args.tabulate:
         days = days_of([kept_result(d) for d in args.tabulate])
+        families = [f for f in args.families or FAMILIES if all(f in d for d in days)]
         print(header(sys.argv[1:], []) + "\n")
-        print(table(days, [f for f in args.families or FAMILIES if all(f in d for d in days)]))
+        print(table(days, families))
+        if args.versus:
+            try:
+                pairs = versus_pairs(args.tabulate, args.versus, args.against)
+            except ValueError as error:
+                parser.error(str(error))
+            night = "the first night" if args.against is None else f"night #{args.against}"
+            print("\n" + pooled_comparison(pairs, families, earlier=(
+                f"{night} of the days in {', '.join(map(str, args.versus))}")))
         return
     args.families = args.families or DEFAULT_FAMILIES
     if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from learning_table import comparison
 
+SETS = "sets"  # in a kept day's folder: the practised and held-out items, one file a family
 DAY = "day.json"  # a kept day's "before" answers and where its practice began
 NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
 
@@ -30,6 +31,37 @@ def kept_result(folder: Path) -> dict:
     nights = sorted((folder / NIGHTS).glob("*.json"))
     after = json.loads(nights[0].read_text())["after"] if nights else {}
     return {"before": day["before"], "after": after, "seed": day.get("seed")}
+
+
+def kept_after(folder: Path, number: int | None = None) -> dict:
+    """The answers after the night kept in ``folder`` as ``number`` (the first, by default)."""
+    nights = sorted((folder / NIGHTS).glob("*.json"))
+    path = nights[0] if number is None and nights else kept_night(folder, number or 0)
+    if path is None:
+        raise ValueError(f"no night {'' if number is None else f'#{number} '}is kept in "
+                         f"{folder / NIGHTS}")
+    return json.loads(path.read_text())["after"]
+
+
+def versus_pairs(folders: list[Path], others: list[Path], number: int | None = None
+                 ) -> list[tuple[dict, dict]]:
+    """Two settings, each run with ``--days --keep`` from the same ``--seed``: each day's
+    (other setting's night, this one's first night) answers, to compare item by item. The
+    days are matched by their held-out items, which must be the same files."""
+    if len(folders) != len(others):
+        raise ValueError(f"{len(folders)} kept days against {len(others)}: give one of each "
+                         "setting's days for every day, in the same order")
+    pairs = []
+    for folder, other in zip(folders, others):
+        mine, theirs = (sorted(p.name for p in (f / SETS).glob("*-heldout.jsonl"))
+                        for f in (folder, other))
+        if not mine or mine != theirs or any(
+                (folder / SETS / n).read_bytes() != (other / SETS / n).read_bytes()
+                for n in mine):
+            raise ValueError(f"{folder} and {other} do not hold the same held-out items: "
+                             "keep both settings' days with the same --seed and families")
+        pairs.append((kept_after(other, number), kept_after(folder)))
+    return pairs
 
 
 def night_number(path: Path) -> str:

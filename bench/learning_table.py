@@ -71,13 +71,16 @@ def comparison(first: dict[str, list[float]], second: dict[str, list[float]],
 
 
 def pooled_comparison(pairs: list[tuple[dict, dict]], families: list[str],
-                      confidence: float = 0.9, against: int | None = None) -> str:
+                      confidence: float = 0.9, against: int | None = None,
+                      earlier: str | None = None) -> str:
     """Nights on several kept days (``--day DIR DIR ...``): each day's (earlier night's,
     this night's) answers, the difference pooled over the days as ``--days`` pools them.
-    ``against``: the kept night's number it was compared with, None for the one before."""
+    ``against``: the kept night's number it was compared with, None for the one before;
+    ``earlier`` names the other night outright (``--versus``)."""
     days = [{f: list(zip(first[f], second[f])) for f in families if f in first and f in second}
             for first, second in pairs]
-    earlier = "the night kept before it" if against is None else f"kept night #{against}"
+    earlier = earlier or ("the night kept before it" if against is None
+                          else f"kept night #{against}")
     return (f"This night against {earlier}, on each of {len(pairs)} kept days "
             "(\"before %\" is the earlier night's after %):\n\n"
             + table(days, families, confidence))

@@ -188,3 +188,32 @@ def test_a_kept_day_is_read_back_with_its_own_first_night_for_the_table(tmp_path
     learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0]}}, ["--day", "x", "--lr", "2"])
     result = learning.kept_result(tmp_path)
     assert result == {"before": {"a": [0.0, 1.0]}, "after": {"a": [1.0, 1.0]}, "seed": 4}
+
+
+def test_two_settings_kept_days_are_compared_item_by_item_on_the_same_items(tmp_path):
+    """--tabulate A --versus B: each A day's night against the matching B day's, paired per
+    held-out item; days that do not hold the same items are refused, not compared."""
+    def kept(name: str, items: str, nights: list[list[float]]) -> Path:
+        folder = tmp_path / name
+        (folder / learning.SETS).mkdir(parents=True)
+        (folder / learning.SETS / "a-heldout.jsonl").write_text(items)
+        for answers in nights:
+            learning.keep_night(folder, {"after": {"a": answers}}, [])
+        return folder
+
+    mine = kept("eight", "q1\nq2\n", [[1.0, 1.0, 1.0, 0.0]])
+    theirs = kept("four", "q1\nq2\n", [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert learning.versus_pairs([mine], [theirs]) == [
+        ({"a": [0.0, 0.0, 0.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]})]
+    assert learning.versus_pairs([mine], [theirs], 1)[0][0] == {"a": [1.0, 0.0, 0.0, 0.0]}
+    text = learning.pooled_comparison(learning.versus_pairs([mine], [theirs], 1), ["a"],
+                                      earlier="night #1 of the days in four")
+    assert text.startswith("This night against night #1 of the days in four,")
+    assert "| a | 25.0 | 75.0 | +50.0 | [" in text
+    other = kept("other", "q3\nq4\n", [[0.0, 0.0, 0.0, 0.0]])
+    with pytest.raises(ValueError, match="do not hold the same held-out items"):
+        learning.versus_pairs([mine], [other])
+    with pytest.raises(ValueError, match="no night #5 is kept"):
+        learning.versus_pairs([mine], [theirs], 5)
+    with pytest.raises(ValueError, match="1 kept days against 2"):
+        learning.versus_pairs([mine], [theirs, other])
