@@ -3,10 +3,11 @@
 It reads lines from standard input (a terminal or a pipe), so
 ``printf '#general hello\n' | make run`` prints the reply and exits at EOF.
 A line without ``#name`` goes to the channel used last (``general`` at first).
-Everything the user sees goes through ``ConsoleRenderer``. While a turn runs,
-the agent's progress (the step, the tool being run) goes to stderr: one line
-per update in a pipe, or one line rewritten in place on a terminal, cleared
-when the reply comes.
+Everything the user sees goes through ``ConsoleRenderer``. What answers a line
+(a reply, a command's answer, /help) goes to stdout, so a pipe captures it.
+While a turn runs, the agent's progress (the step, the tool being run) goes to
+stderr: one line per update in a pipe, or one line rewritten in place on a
+terminal, cleared when the reply comes; so do notices and the prompt.
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ class ConsoleRenderer:
         for name in files:
             print(f"[#{channel}] (file sent: {name})", file=self.out, flush=True)
 
+    def answer(self, text: str) -> None:
+        """What answers a command line (``/status``, ``!sleep``, ``/help``)."""
+        self._clear()
+        print(text, file=self.out, flush=True)
+
     def info(self, text: str) -> None:
         self._clear()
         print(text, file=self.err, flush=True)
@@ -102,14 +108,14 @@ async def run_console(turn: Turn, command: Command, renderer: ConsoleRenderer,
         if stripped in ("/quit", "/exit"):
             return
         if stripped == "/help":
-            renderer.info(HELP)
+            renderer.answer(HELP)
             continue
         parsed = parse_line(line, channel)
         if parsed is None:
             continue
         channel = parsed.channel
         if parsed.text.startswith(("/", "!sleep")):
-            renderer.info(await command(parsed.text, channel))
+            renderer.answer(await command(parsed.text, channel))
             continue
         if not parsed.text:
             renderer.info(f"(now in #{channel})")
