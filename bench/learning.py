@@ -99,7 +99,7 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "min_steps", "max_epochs", "batch",
+    for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "min_steps", "max_epochs", "batch",
                 "schedule", "warmup_steps", "stop_split", "stop_every"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
@@ -261,7 +261,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
-          f"imitation {t.imitation:g}"
+          f"imitation {t.imitation:g} per {t.imitation_per}"
           + (f"; stop split {t.stop_split:g} every {t.stop_every}" if t.stop_split else "")
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
           + (f"; the day kept in {kept_day}" if kept_day else ""),
@@ -416,6 +416,8 @@ def main() -> None:
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
+    parser.add_argument("--imitation-per", choices=["sequence", "token"],
+                        help="train.imitation_per: what the demonstrations' loss averages over")
     parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")

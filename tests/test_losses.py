@@ -102,3 +102,19 @@ def test_imitation_is_the_weighted_length_normalised_ce_of_demonstration_tokens(
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1.0, -1.0], [0.0, 0.0, 0.0]]))
     assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0
+
+
+def test_imitation_per_token_weighs_every_demonstrated_token_alike():
+    """Per sequence, a one-token demonstration's token weighs as much as a three-token one's
+    whole; per token, each token is a quarter of the mean."""
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, 0.0, 0.0]], requires_grad=True)
+    demo = torch.tensor([[True, True, True], [True, False, False]])
+    per_sequence = imitation_loss(logp, demo)
+    assert per_sequence.item() == pytest.approx(((1 + 2 + 3) / 3 + 4) / 2)
+    loss = imitation_loss(logp, demo, weight=2.0, per="token")
+    assert loss.item() == pytest.approx(2.0 * (1 + 2 + 3 + 4) / 4)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5, -0.5], [-0.5, 0.0, 0.0]]))
+    assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool), per="token").item() == 0.0
+    with pytest.raises(ValueError, match="per 'sequence' or 'token'"):
+        imitation_loss(logp, demo, per="word")

@@ -160,7 +160,10 @@ class _GradRecorder:
             p.grad = None
 
 
-def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
+@pytest.mark.parametrize("per", ["sequence", "token"])
+def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir, per):
+    """Split into micro-batches or not, a step's gradient is that of the batch means, the
+    imitation's per demonstration or per demonstrated token (train.imitation_per)."""
     from accelerate import Accelerator
 
     tokenizer = _tokenizer(base_dir)
@@ -170,7 +173,7 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
               "imitate": [2, 4]},
              {**_rows()[1], "episode_id": 8, "advantages": [None] * 4, "imitate": [3]}]
     for micro in (1, 3):
-        settings = T.Settings(micro_batch=micro, grad_clip=1e9)
+        settings = T.Settings(micro_batch=micro, grad_clip=1e9, imitation_per=per)
         examples = T.build_examples(_rows() + demos, tokenizer, settings)
         assert sum(bool(e.demo.any()) for e in examples) >= 2
         model = T.load_model(base_dir, settings)
@@ -187,7 +190,8 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir):
     batch = T.collate(examples, tokenizer.pad_token_id)
     logp = policy(batch["ids"])
     oapl, _ = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], token_adv=batch["tok_adv"])
-    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"])).backward()
+    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"], per=per)
+     ).backward()
     for a, b, ref in zip(grads[1], grads[3], trainable):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
         assert torch.allclose(a, ref.grad, atol=1e-6, rtol=1e-4)

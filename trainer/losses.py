@@ -20,7 +20,8 @@ sequences that have any.
 
 Imitation: ``weight * mean_b [ -sum_t logp_demo / n_demo(b) ]``, the same
 length-normalised cross-entropy as ECHO, on the tokens of a demonstration (a
-practice task's reference answer, given because none of the attempts passed).
+practice task's reference answer, given because none of the attempts passed);
+or, per token (``train.imitation_per``), ``weight * [ -sum_b,t logp_demo / n_demo ]``.
 OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
 message was sampled from pi_lag. A reference the model would never write
@@ -112,13 +113,34 @@ def echo_loss(
     return lam * masked_nll(logp, obs_mask)
 
 
+def token_nll(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    mask: torch.Tensor,  # (B, T) bool: the tokens to predict
+) -> torch.Tensor:
+    """Mean NLL over all the masked tokens of the batch, whichever sequence holds them."""
+    n = mask.to(logp.dtype).sum()
+    if not bool(n > 0):
+        return logp.sum() * 0.0
+    return -(torch.where(mask, logp, torch.zeros_like(logp))).sum() / n
+
+
 def imitation_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
     demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
     weight: float = 1.0,
+    per: str = "sequence",
 ) -> torch.Tensor:
-    """weight * mean over sequences of the length-normalised CE of their demonstrations."""
-    return weight * masked_nll(logp, demo_mask)
+    """weight * the demonstrations' CE: per ``"sequence"``, the mean over sequences of each
+    one's length-normalised CE; per ``"token"``, the mean over all demonstrated tokens.
+
+    Per sequence, a short demonstration's tokens each weigh more than a long one's: under
+    a tool list a text answer's demonstration is its choice to answer in words (a few
+    tokens), a tool demonstration its call and arguments (tens), so the choice of words is
+    pushed several times harder than the choice of a call. Per token both count alike."""
+    if per not in ("sequence", "token"):
+        raise ValueError(f"imitation averages per 'sequence' or 'token', not {per!r}")
+    return weight * (masked_nll(logp, demo_mask) if per == "sequence"
+                     else token_nll(logp, demo_mask))
 
 
 def _mean(values: torch.Tensor) -> float:

@@ -170,8 +170,15 @@ def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pa
     oapl, stats = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], beta=settings.beta,
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
-    imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation)
+    imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation,
+                               per=settings.imitation_per)
     return oapl, echo, imitation, stats
+
+
+def _demo_share(example: Example, per_token: bool) -> int:
+    """What an example adds to the batch's imitation mean: its demonstrated tokens, or
+    one if it has any (``train.imitation_per``)."""
+    return int(example.demo.sum()) if per_token else int(bool(example.demo.any()))
 
 
 def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
@@ -187,13 +194,15 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     demos = sum(bool(e.demo.any()) for e in chosen)
-    all_demo = max(demos, 1)
+    per_token = settings.imitation_per == "token"
+    all_demo = max(sum(_demo_share(e, per_token) for e in chosen), 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
-        w_demo = sum(bool(e.demo.any()) for e in micro) / all_demo * acc.num_processes * weight
+        w_demo = (sum(_demo_share(e, per_token) for e in micro) / all_demo
+                  * acc.num_processes * weight)
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:
             oapl, echo, imitation, stats = micro_losses(policy, micro, settings, ctx["pad_id"],

@@ -109,6 +109,10 @@ class TrainConfig(_Section):
     imitation: float = Field(
         1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
     )
+    imitation_per: Literal["sequence", "token"] = Field(
+        "sequence", description='what the demonstrations\' cross-entropy averages over: '
+        '"sequence" (each demonstration weighs the same) or "token" (each demonstrated token)'
+    )
     lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
     schedule: Literal["constant", "linear", "cosine"] = Field(
         "cosine", description='the rate over the steps: "constant", "linear" or "cosine"'
