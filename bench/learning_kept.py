@@ -35,8 +35,10 @@ def kept_result(folder: Path) -> dict:
 
 def kept_after(folder: Path, number: int | None = None) -> dict:
     """The answers after the night kept in ``folder`` as ``number`` (the first, by default)."""
-    nights = sorted((folder / NIGHTS).glob("*.json"))
-    path = nights[0] if number is None and nights else kept_night(folder, number or 0)
+    if number is None:
+        path = next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
+    else:
+        path = kept_night(folder, number)
     if path is None:
         raise ValueError(f"no night {'' if number is None else f'#{number} '}is kept in "
                          f"{folder / NIGHTS}")

@@ -116,5 +116,5 @@ def test_imitation_per_token_weighs_every_demonstrated_token_alike():
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5, -0.5], [-0.5, 0.0, 0.0]]))
     assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool), per="token").item() == 0.0
-    with pytest.raises(ValueError, match="per 'sequence' or 'token'"):
+    with pytest.raises(ValueError, match="imitation_per is 'sequence' or 'token'"):
         imitation_loss(logp, demo, per="word")

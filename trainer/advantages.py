@@ -43,9 +43,11 @@ reference does not carry its format to other prompts: the night learns the task
 from the reference alone. Under a tool list it is imitated in both of its views
 (``trainer.tokens``): the tools view's action is only the choices to answer in
 words (``message:``, then the end rather than a call's head), the plain view's
-is the words, and each sequence's loss is normalised by its own length, so the
-choices weigh as much as the answer. That is intended: the embedded model,
-offered tools, calls one for "What is 3 times 9?".
+is the words, and by default (``train.imitation_per = "sequence"``) each
+sequence's loss is normalised by its own length, so the choices weigh as much as
+the answer. That was intended: the embedded model, offered tools, called one for
+"What is 3 times 9?". Per token, a tool demonstration's call weighs as much as
+those choices do.
 """
 
 from __future__ import annotations

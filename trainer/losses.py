@@ -21,7 +21,8 @@ sequences that have any.
 Imitation: ``weight * mean_b [ -sum_t logp_demo / n_demo(b) ]``, the same
 length-normalised cross-entropy as ECHO, on the tokens of a demonstration (a
 practice task's reference answer, given because none of the attempts passed);
-or, per token (``train.imitation_per``), ``weight * [ -sum_b,t logp_demo / n_demo ]``.
+or, per token (``train.imitation_per``), ``weight * [ -sum_b,t logp_demo / N ]`` with N
+the demonstrated tokens of the whole batch.
 OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
 message was sampled from pi_lag. A reference the model would never write
@@ -121,7 +122,7 @@ def token_nll(
     n = mask.to(logp.dtype).sum()
     if not bool(n > 0):
         return logp.sum() * 0.0
-    return -(torch.where(mask, logp, torch.zeros_like(logp))).sum() / n
+    return -torch.where(mask, logp, torch.zeros_like(logp)).sum() / n
 
 
 def imitation_loss(
@@ -138,7 +139,7 @@ def imitation_loss(
     tokens), a tool demonstration its call and arguments (tens), so the choice of words is
     pushed several times harder than the choice of a call. Per token both count alike."""
     if per not in ("sequence", "token"):
-        raise ValueError(f"imitation averages per 'sequence' or 'token', not {per!r}")
+        raise ValueError(f"train.imitation_per is 'sequence' or 'token', not {per!r}")
     return weight * (masked_nll(logp, demo_mask) if per == "sequence"
                      else token_nll(logp, demo_mask))
 

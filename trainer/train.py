@@ -14,7 +14,8 @@ settings are ``trainer.settings.Settings``, the by-hand command ``trainer.train_
    ``oapl_loss`` on action tokens, ``echo_loss`` on observation tokens and
    ``imitation_loss`` on demonstrations (``trainer.losses``); backward,
    weighted so the accumulated gradient is that of the batch means (messages
-   for OAPL, sequences for ECHO and imitation).
+   for OAPL, sequences for ECHO, sequences or tokens for imitation as
+   ``train.imitation_per`` says).
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only, at the
    step's rate (``trainer.lr_schedule``: a warmup, then constant or decaying).
 

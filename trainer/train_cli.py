@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "imitation", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
+    parser.add_argument("--imitation-per", choices=["sequence", "token"],
+                        default=defaults.imitation_per,
+                        help="what the demonstrations' cross-entropy averages over")
     parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
                         help="the learning rate over the steps (trainer.lr_schedule)")
     parser.add_argument("--chat-format", default=defaults.chat_format,
