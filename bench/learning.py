@@ -77,8 +77,7 @@ from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
-    DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, kept_result, night_number,
-    versus_pairs)
+    DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, night_number, tabulated)
 from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
@@ -466,18 +465,11 @@ def main() -> None:
     if args.versus and not args.tabulate:
         parser.error("--versus compares kept days: use it with --tabulate")
     if args.tabulate:
-        days = days_of([kept_result(d) for d in args.tabulate])
-        families = [f for f in args.families or FAMILIES if all(f in d for d in days)]
-        print(header(sys.argv[1:], []) + "\n")
-        print(table(days, families))
-        if args.versus:
-            try:
-                pairs = versus_pairs(args.tabulate, args.versus, args.against)
-            except ValueError as error:
-                parser.error(str(error))
-            night = "the first night" if args.against is None else f"night #{args.against}"
-            print("\n" + pooled_comparison(pairs, families, earlier=(
-                f"{night} of the days in {', '.join(map(str, args.versus))}")))
+        try:
+            print(tabulated(args.tabulate, args.families or list(FAMILIES), sys.argv[1:],
+                            args.versus, args.against))
+        except ValueError as error:
+            parser.error(str(error))
         return
     args.families = args.families or DEFAULT_FAMILIES
     if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:

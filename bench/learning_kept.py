@@ -8,7 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
-from learning_table import comparison
+from learning_table import comparison, days_of, header, pooled_comparison, table
 
 SETS = "sets"  # in a kept day's folder: the practised and held-out items, one file a family
 DAY = "day.json"  # a kept day's "before" answers and where its practice began
@@ -93,3 +93,19 @@ def compare_nights(folder: Path, latest: Path, against: int | None = None
     return "\n".join([text, "", f"- {earlier.stem}: `{shlex.join(first['argv'])}`",
                       f"- {latest.stem}: `{shlex.join(second['argv'])}`"]), \
         (first["after"], second["after"])
+
+
+def tabulated(folders: list[Path], families: list[str], argv: list[str],
+              versus: list[Path] | None = None, against: int | None = None) -> str:
+    """``--tabulate``: the kept days' table, each day with its own first night; with
+    ``versus``, also each day's night against the matching day's there, pooled (a
+    ValueError, before anything is printed, when the days do not match)."""
+    days = days_of([kept_result(d) for d in folders])
+    families = [f for f in families if all(f in d for d in days)]
+    parts = [header(argv, []), table(days, families)]
+    if versus:
+        pairs = versus_pairs(folders, versus, against)
+        night = "the first night" if against is None else f"night #{against}"
+        parts.append(pooled_comparison(pairs, families, earlier=(
+            f"{night} of the days in {', '.join(map(str, versus))}")))
+    return "\n\n".join(parts)

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))  # learning.py imports its sibling modul
 spec = importlib.util.spec_from_file_location("bench_learning", ROOT / "bench/learning.py")
 learning = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(learning)
+import learning_kept as kept  # noqa: E402  (bench/ on the path above)
 
 
 def test_a_kept_day_is_restored_as_it_was_before_the_night(tmp_path):
@@ -186,34 +187,44 @@ def test_a_kept_day_is_read_back_with_its_own_first_night_for_the_table(tmp_path
         {"since": 1.0, "before": {"a": [0.0, 1.0]}, "after": {}, "seed": 4}))
     learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0]}}, ["--keep", "x"])
     learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0]}}, ["--day", "x", "--lr", "2"])
-    result = learning.kept_result(tmp_path)
+    result = kept.kept_result(tmp_path)
     assert result == {"before": {"a": [0.0, 1.0]}, "after": {"a": [1.0, 1.0]}, "seed": 4}
 
 
 def test_two_settings_kept_days_are_compared_item_by_item_on_the_same_items(tmp_path):
     """--tabulate A --versus B: each A day's night against the matching B day's, paired per
     held-out item; days that do not hold the same items are refused, not compared."""
-    def kept(name: str, items: str, nights: list[list[float]]) -> Path:
+    def kept_day(name: str, items: str, nights: list[list[float]]) -> Path:
         folder = tmp_path / name
-        (folder / learning.SETS).mkdir(parents=True)
+        (folder / "day").mkdir(parents=True)
+        (folder / "day" / learning.DAY).write_text(json.dumps(
+            {"since": 1.0, "before": {"a": [0.0, 0.0, 0.0, 0.0]}, "after": {}, "seed": 0}))
+        (folder / learning.SETS).mkdir()
         (folder / learning.SETS / "a-heldout.jsonl").write_text(items)
         for answers in nights:
             learning.keep_night(folder, {"after": {"a": answers}}, [])
         return folder
 
-    mine = kept("eight", "q1\nq2\n", [[1.0, 1.0, 1.0, 0.0]])
-    theirs = kept("four", "q1\nq2\n", [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
-    assert learning.versus_pairs([mine], [theirs]) == [
+    mine = kept_day("eight", "q1\nq2\n", [[1.0, 1.0, 1.0, 0.0]])
+    theirs = kept_day("four", "q1\nq2\n", [[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    assert kept.versus_pairs([mine], [theirs]) == [
         ({"a": [0.0, 0.0, 0.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]})]
-    assert learning.versus_pairs([mine], [theirs], 1)[0][0] == {"a": [1.0, 0.0, 0.0, 0.0]}
-    text = learning.pooled_comparison(learning.versus_pairs([mine], [theirs], 1), ["a"],
+    assert kept.versus_pairs([mine], [theirs], 1)[0][0] == {"a": [1.0, 0.0, 0.0, 0.0]}
+    text = learning.pooled_comparison(kept.versus_pairs([mine], [theirs], 1), ["a"],
                                       earlier="night #1 of the days in four")
     assert text.startswith("This night against night #1 of the days in four,")
     assert "| a | 25.0 | 75.0 | +50.0 | [" in text
-    other = kept("other", "q3\nq4\n", [[0.0, 0.0, 0.0, 0.0]])
+    other = kept_day("other", "q3\nq4\n", [[0.0, 0.0, 0.0, 0.0]])
     with pytest.raises(ValueError, match="do not hold the same held-out items"):
-        learning.versus_pairs([mine], [other])
+        kept.versus_pairs([mine], [other])
     with pytest.raises(ValueError, match="no night #5 is kept"):
-        learning.versus_pairs([mine], [theirs], 5)
+        kept.versus_pairs([mine], [theirs], 5)
     with pytest.raises(ValueError, match="1 kept days against 2"):
-        learning.versus_pairs([mine], [theirs, other])
+        kept.versus_pairs([mine], [theirs, other])
+    # The whole --tabulate text: the days' own table, then the paired comparison.
+    text = kept.tabulated([mine], ["a", "b"], ["--tabulate", "eight"], [theirs], 1)
+    own, versus = text.split("This night against night #1 of the days in ")
+    assert "| a | 0.0 | 75.0 | +75.0 | [" in own and "| b |" not in own
+    assert "| a | 25.0 | 75.0 | +50.0 | [" in versus
+    with pytest.raises(ValueError, match="do not hold the same held-out items"):
+        kept.tabulated([mine], ["a"], [], [other])
