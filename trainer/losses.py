@@ -37,6 +37,8 @@ and no night stage produces a teacher for it yet.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 _NONE = float("nan")
@@ -129,7 +131,7 @@ def imitation_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
     demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
     weight: float = 1.0,
-    per: str = "sequence",
+    per: Literal["sequence", "token"] = "sequence",
 ) -> torch.Tensor:
     """weight * the demonstrations' CE: per ``"sequence"``, the mean over sequences of each
     one's length-normalised CE; per ``"token"``, the mean over all demonstrated tokens.
