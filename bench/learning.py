@@ -78,13 +78,11 @@ from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
     DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, night_number, tabulated)
+from learning_args import DEFAULT_FAMILIES, arguments  # noqa: E402
+from learning_report import report  # noqa: E402
 from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
-DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
-# The families of the README's current figure; "last" (added after it was measured) is
-# asked for by name: its own figure is in docs/learning.md.
-DEFAULT_FAMILIES = ["arithmetic", "protocol", "compare", "tool"]
 # --quick offers these four tools, not all 40: their list is ~700 prompt tokens, not ~3,300,
 # which is what makes a turn take seconds rather than a minute on a busy 2-core CPU.
 QUICK_TOOLS = ["read_file", "write_file", "make_dir", "list_dir"]
@@ -336,131 +334,8 @@ async def show(line: str) -> None:
     print("  " + line, flush=True)
 
 
-def report(result: dict, started: float) -> None:
-    print(f"\n{'family':<12}{'before %':>10}{'after %':>10}{'delta pp':>10}")
-    deltas = []
-    for family, before in result["before"].items():
-        b = 100 * sum(r == 1.0 for r in before) / len(before)
-        after = result["after"].get(family)
-        if after is None:
-            print(f"{family:<12}{b:>10.1f}{'n/a':>10}{'n/a':>10}")
-            continue
-        a = 100 * sum(r == 1.0 for r in after) / len(after)
-        deltas.append(a - b)
-        print(f"{family:<12}{b:>10.1f}{a:>10.1f}{a - b:>+10.1f}")
-    mean = f"{sum(deltas) / len(deltas):+.1f} pp" if deltas else "n/a (no candidate)"
-    print(f"mean delta: {mean}")
-    night_ = result.get("night", {})
-    job = night_.get("job") or {}
-    progress = job.get("progress", {})
-    stages = ", ".join(f"{k} {v:.0f} s" for k, v in night_.get("stages", {}).items())
-    print(f"night #{job.get('id')}: {job.get('state')}, wall {night_.get('wall_s', 0):.0f} s "
-          f"({stages})")
-    timings = progress.get("timings") or {}
-    if timings:
-        print("  part 1 stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
-    counts, trained = progress.get("counts") or {}, progress.get("trained") or {}
-    excluded = {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("excluded:")}
-    print(f"episodes: {counts.get('episodes', 'n/a')} kept, excluded {excluded or 'none'}")
-    print(f"rows: {counts.get('rows', 'n/a')} in the dataset; trained: "
-          f"{trained.get('sequences', 'n/a')} sequences, {trained.get('steps', 'n/a')} steps, "
-          f"{trained.get('tokens', 'n/a')} tokens in {trained.get('seconds', 'n/a')} s")
-    if trained.get("budget_note"):
-        print(f"budget: {trained['budget_note']}")
-    if trained.get("stop_checks"):
-        checks = ", ".join(f"{c['step']}: {c['margin']:+.3f}" for c in trained["stop_checks"])
-        print(f"stopping checks (step: held-out margin): {checks}"
-              + (f"; {trained['stop_note']}" if trained.get("stop_note") else ""))
-    groups = progress.get("groups_summary")
-    if groups and groups.get("groups"):
-        print(f"mixed practice groups: {groups['groups']}, advantage spread "
-              f"{groups['adv_spread']:.2f}; passing against failing attempts after training "
-              f"{groups['margin']:+.3f} nats a token ({groups['gained']} of {groups['groups']} "
-              "gained)" if groups.get("margin") is not None else
-              f"mixed practice groups: {groups['groups']} (no margin measured)")
-    gate = progress.get("gate")
-    if gate:
-        outcome = gate.get("outcome") or ("promote" if gate["passed"] else "reject")
-        gain = "no paired items" if gate.get("gain") is None else f"gain {gate['gain']:+.3f}"
-        print(f"gate: {outcome} ({gain}); "
-              + "; ".join(gate.get("reasons") or []))
-        if gate.get("open_before") is not None and gate.get("open_after") is not None:
-            print("open chat (the gate's prompts, judged in [-1, 1]): "
-                  f"{gate['open_before']:+.2f} before, {gate['open_after']:+.2f} after")
-    elif job.get("error"):
-        print(f"night error: {job['error'].splitlines()[0][:300]}")
-    kept = f" (the day kept in {result['day_from']})" if result.get("day_from") else ""
-    print(f"before {result.get('before_s', 0):.0f} s, practice {result.get('practice_s', 0):.0f}"
-          f" s{kept}; {'this run' if kept else 'whole benchmark'} "
-          f"{time.monotonic() - started:.0f} s")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_HF, help="the HF checkpoint")
-    parser.add_argument("--gguf", help="the GGUF served (its conversion of --model)")
-    parser.add_argument("--families", nargs="+", choices=list(FAMILIES),
-                        help=f"default: {' '.join(DEFAULT_FAMILIES)} (the README's figure)")
-    parser.add_argument("--train", type=int, default=16, help="practised items a family")
-    parser.add_argument("--held", type=int, default=40, help="held-out items a family")
-    parser.add_argument("--samples", type=int, default=4, help="attempts per practised item")
-    parser.add_argument("--temperature", type=float, default=0.8, help="practice temperature")
-    parser.add_argument("--max-steps", type=int, default=Config().agent.max_steps,
-                        help="agent.max_steps")
-    parser.add_argument("--context", type=int, default=Config().model.context_tokens,
-                        help="model.context_tokens (and train.max_tokens)")
-    parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
-    parser.add_argument("--beta", type=float)
-    parser.add_argument("--schedule", choices=["constant", "linear", "cosine"],
-                        help="train.schedule (the learning rate over the steps)")
-    parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
-    parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
-    parser.add_argument("--imitation-per", choices=["sequence", "token"],
-                        help="train.imitation_per: what the demonstrations' loss averages over")
-    parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
-                        help="night.imitate_passing: also imitate a mixed group's passing "
-                             "attempts (default: the config's, on)")
-    parser.add_argument("--min-steps", type=int, help="train.min_steps")
-    parser.add_argument("--max-epochs", type=int, help="train.max_epochs: the most passes "
-                        "over the night's data that min_steps may repeat it to")
-    parser.add_argument("--stop-split", type=float,
-                        help="train.stop_split: the share of mixed practice groups held out "
-                             "to stop the night on evidence (0 = off)")
-    parser.add_argument("--stop-every", type=int, help="train.stop_every (steps between checks)")
-    parser.add_argument("--batch", type=int, help="train.batch (sequences per optimizer step)")
-    parser.add_argument("--practice-steps", type=int,
-                        help="practice.max_steps (default: its default, at most --max-steps)")
-    parser.add_argument("--chat-format", default=Config().model.chat_format,
-                        help="model.chat_format (plain chatml offers no tool calls)")
-    parser.add_argument("--tools", nargs="*", default=[],
-                        help="agent.tools: the tools offered (default: auto, the product's)")
-    parser.add_argument("--days", type=int, help="independent fresh days (default 3; 1 with "
-                        "--quick): other items and practice, the same settings")
-    parser.add_argument("--nights", type=int, default=1, help="nights a day, chained: night k "
-                        "practises new items of the same families on top of night k-1, and "
-                        "answers the same held-out items")
-    parser.add_argument("--seed", type=int, default=0, help="day i draws its items with "
-                        "seed + i")
-    parser.add_argument("--night-timeout", type=float, default=3600.0)
-    parser.add_argument("--keep", type=Path, help="work in this directory and keep it, with "
-                        "a copy of the day before the night (for --day)")
-    parser.add_argument("--day", type=Path, nargs="+", help="skip the day: take the held-out "
-                        "answers before and the practice from directories kept by --keep (same "
-                        "families, items and seed), run only the night and the answers after on "
-                        "each, and compare with the night kept before there (pooled over days)")
-    parser.add_argument("--against", type=int, metavar="N", help="with --day: compare with "
-                        "the night kept there as number N (the -N ending its file in DIR/nights) "
-                        "instead of the last one, e.g. a default night against later variants (with "
-                        "--versus: the night of the --versus days)")
-    parser.add_argument("--quick", action="store_true", help="3 train / 2 held-out, 2 samples")
-    parser.add_argument("--tabulate", type=Path, nargs="+", help="run nothing: print the table "
-                        "of days kept by --keep (DIR/day-i), each with its own first night, so "
-                        "that a run cut short still gives its figure")
-    parser.add_argument("--versus", type=Path, nargs="+", metavar="DIR", help="with "
-                        "--tabulate: also compare each tabulated day's night, item by item, "
-                        "with the night of the matching day here (another setting's days, "
-                        "kept with the same --seed; --against N picks its night, else the "
-                        "first), pooled over the days")
+    parser = arguments(__doc__.split("\n")[0])
     args = parser.parse_args()
     if args.versus and not args.tabulate:
         parser.error("--versus compares kept days: use it with --tabulate")

@@ -42,6 +42,7 @@ from typing import Literal
 import torch
 
 _NONE = float("nan")
+IMITATION_PER = ("sequence", "token")  # train.imitation_per's values
 
 
 def oapl_loss(
@@ -140,7 +141,7 @@ def imitation_loss(
     a tool list a text answer's demonstration is its choice to answer in words (a few
     tokens), a tool demonstration its call and arguments (tens), so the choice of words is
     pushed several times harder than the choice of a call. Per token both count alike."""
-    if per not in ("sequence", "token"):
+    if per not in IMITATION_PER:
         raise ValueError(f"train.imitation_per is 'sequence' or 'token', not {per!r}")
     return weight * (masked_nll(logp, demo_mask) if per == "sequence"
                      else token_nll(logp, demo_mask))

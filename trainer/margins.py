@@ -48,13 +48,18 @@ def changes(examples: list[Any], after: list[torch.Tensor]) -> list[float | None
     return out
 
 
+def _attempt(e: Any) -> bool:
+    """A practice attempt with an advantage. A demonstration has none (imitated only); a
+    passing attempt imitated beside OAPL (night.imitate_passing) has one, and counts."""
+    return bool(getattr(e, "group", "")) and len(e.adv) > 0
+
+
 def attempt_advantages(examples: list[Any]) -> dict[str, dict[Any, float]]:
     """Per practice group, each attempt's advantage (the mean over its messages), by
-    episode. A demonstration has no advantage (imitated only) and is in none; a passing
-    attempt imitated beside OAPL (night.imitate_passing) has one, and counts like the rest."""
+    episode (``_attempt`` says which examples count)."""
     out: dict[str, dict[Any, float]] = defaultdict(dict)
     for e in examples:
-        if getattr(e, "group", "") and len(e.adv):
+        if _attempt(e):
             out[e.group].setdefault(e.episode, float(e.adv.float().mean()))
     return out
 
@@ -69,7 +74,7 @@ def group_margins(examples: list[Any], change: list[float | None]) -> list[dict]
     and range of their advantages, the passing and failing changes and their margin."""
     grouped: dict[str, list[tuple[Any, float | None]]] = defaultdict(list)
     for e, c in zip(examples, change):
-        if getattr(e, "group", "") and len(e.adv):
+        if _attempt(e):
             grouped[e.group].append((e, c))
     out = []
     for group, advantage in sorted(attempt_advantages(examples).items()):

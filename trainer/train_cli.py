@@ -12,6 +12,7 @@ from pathlib import Path
 
 from core.config import Config
 from core.model.chat_format import resolve
+from trainer.losses import IMITATION_PER
 from trainer.lr_schedule import SCHEDULES
 from trainer.settings import Settings, checkpointing
 from trainer.train import train
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     for name in ("beta", "echo_lambda", "imitation", "lr"):
         parser.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(defaults, name))
-    parser.add_argument("--imitation-per", choices=["sequence", "token"],
+    parser.add_argument("--imitation-per", choices=IMITATION_PER,
                         default=defaults.imitation_per,
                         help="what the demonstrations' cross-entropy averages over")
     parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
