@@ -7,6 +7,7 @@ from pathlib import Path
 
 from core.config import Config
 from families import FAMILIES
+from trainer.losses import IMITATION_PER
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HF = ROOT / "data/models/smollm2-135m-instruct-hf"
@@ -35,7 +36,7 @@ def arguments(description: str) -> argparse.ArgumentParser:
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")
     parser.add_argument("--imitation", type=float, help="train.imitation (the demonstrations' weight)")
-    parser.add_argument("--imitation-per", choices=["sequence", "token"],
+    parser.add_argument("--imitation-per", choices=IMITATION_PER,
                         help="train.imitation_per: what the demonstrations' loss averages over")
     parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
                         help="night.imitate_passing: also imitate a mixed group's passing "

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.losses import echo_loss, imitation_loss, imitation_parts, oapl_loss
 
 NAN = float("nan")
 
@@ -116,5 +116,27 @@ def test_imitation_per_token_weighs_every_demonstrated_token_alike():
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, -0.5, -0.5], [-0.5, 0.0, 0.0]]))
     assert imitation_loss(logp, torch.zeros(2, 3, dtype=torch.bool), per="token").item() == 0.0
-    with pytest.raises(ValueError, match="imitation_per is 'sequence' or 'token'"):
+    with pytest.raises(ValueError, match="imitation_per is one of sequence, token, choice"):
         imitation_loss(logp, demo, per="word")
+
+
+def test_imitation_per_choice_weighs_every_choice_and_every_answers_words_alike():
+    """Row 0: a call, its head (2 tokens) and its arguments (2); row 1: a choice to answer in
+    words (1 token); row 2: an answer's words (1). Per choice: four parts, each its own mean."""
+    logp = torch.tensor([[-1.0, -3.0, -2.0, -6.0], [-5.0, 0.0, 0.0, 0.0],
+                         [-8.0, 0.0, 0.0, 0.0]], requires_grad=True)
+    demo = torch.tensor([[True, True, True, True], [True, False, False, False],
+                         [True, False, False, False]])
+    head = torch.tensor([[True, True, False, False], [True, False, False, False],
+                         [False, False, False, False]])
+    loss = imitation_loss(logp, demo, weight=2.0, per="choice", head=head)
+    assert loss.item() == pytest.approx(2.0 * ((1 + 3) / 2 + (2 + 6) / 2 + 5 + 8) / 4)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25, -0.25, -0.25],
+                                                   [-0.5, 0, 0, 0], [-0.5, 0, 0, 0]]))
+    # Per sequence the call's head is half of a quarter-weighted row: here, a part of its own.
+    assert imitation_parts(demo, head, "choice") == 4
+    assert imitation_parts(demo, head, "sequence") == 3 and imitation_parts(demo, head, "token") == 6
+    assert imitation_parts(demo[0], head[0], "choice") == 2  # one example's (T,) masks
+    with pytest.raises(ValueError, match="needs the choice tokens"):
+        imitation_loss(logp, demo, per="choice")

@@ -382,3 +382,19 @@ def test_a_demonstrated_tool_call_is_imitated_as_the_call_the_model_would_write(
     assert imitated.endswith("message:<|im_end|>")
     # The tool's output stays an observation: shown, not imitated.
     assert _decode(tokenizer, tools_view, OBSERVATION, 3) == "x < y && z"
+
+
+def test_the_tools_views_choices_are_its_heads_and_nothing_else(tokenizer):
+    """heads (train.imitation_per = "choice"): each call's ``functions.NAME:`` and a text
+    answer's ``message:`` and end under the tool list; never arguments, words or context."""
+    answer = {**EPISODE[5], "choice": "message"}
+    row = {"messages": [*EPISODE[:5], answer], "tools": TOOLS}
+    tools_view, plain_view = render_row(row, tokenizer)
+    heads = sorted(tools_view.heads)
+    assert tokenizer.decode([tools_view.ids[t] for t in heads]) == (
+        "functions.read_file:functions.read_file:message:<|im_end|>")
+    assert all(tools_view.kinds[t] == ACTION for t in heads)
+    assert plain_view.heads == set()  # no choice without the tool list
+    inside = tools_view.action_positions(5)[1]  # cut inside the answer: it no longer counts
+    calls = {t for t in heads if tools_view.messages[t] == 2}
+    assert calls and truncate(tools_view, inside).heads == calls

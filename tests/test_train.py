@@ -160,10 +160,11 @@ class _GradRecorder:
             p.grad = None
 
 
-@pytest.mark.parametrize("per", ["sequence", "token"])
+@pytest.mark.parametrize("per", ["sequence", "token", "choice"])
 def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir, per):
     """Split into micro-batches or not, a step's gradient is that of the batch means, the
-    imitation's per demonstration or per demonstrated token (train.imitation_per)."""
+    imitation's per demonstration, per demonstrated token or per choice-and-words part
+    (train.imitation_per)."""
     from accelerate import Accelerator
 
     tokenizer = _tokenizer(base_dir)
@@ -190,7 +191,8 @@ def test_accumulated_gradient_is_the_gradient_of_the_batch_means(base_dir, per):
     batch = T.collate(examples, tokenizer.pad_token_id)
     logp = policy(batch["ids"])
     oapl, _ = oapl_loss(logp, batch["lag"], batch["msg"], batch["adv"], token_adv=batch["tok_adv"])
-    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"], per=per)
+    (oapl + echo_loss(logp, batch["obs"]) + imitation_loss(logp, batch["demo"], per=per,
+                                                             head=batch["head"])
      ).backward()
     for a, b, ref in zip(grads[1], grads[3], trainable):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)

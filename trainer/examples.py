@@ -30,12 +30,15 @@ class Example:
     terms: int  # OAPL terms this sequence adds (as oapl_loss counts them)
     lag: torch.Tensor | None = None  # (T,) log pi_lag, once computed
     demo: torch.Tensor | None = None  # (T,) bool: demonstration tokens (imitated)
+    head: torch.Tensor | None = None  # (T,) bool: the tools view's choices (trainer.tokens)
     group: str = ""  # the practice group whose mean is its baseline (trainer.margins)
     episode: int | None = None  # the row's episode: a row gives one sequence per view
 
     def __post_init__(self) -> None:
         if self.demo is None:
             self.demo = torch.zeros(len(self.ids), dtype=torch.bool)
+        if self.head is None:
+            self.head = torch.zeros(len(self.ids), dtype=torch.bool)
 
 
 def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> list[Example]:
@@ -61,6 +64,8 @@ def _example(seq: Any) -> Example:
                         for k, m in zip(seq.kinds, seq.messages)])
     demo = torch.tensor([k == ACTION and m in seq.imitated
                          for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
+    head = torch.zeros(len(seq.ids), dtype=torch.bool)
+    head[sorted(seq.heads)] = True
     tok_adv = torch.full((len(seq.ids),), math.nan)
     for position, advantage in seq.token_advantages.items():
         tok_adv[position] = advantage
@@ -68,7 +73,7 @@ def _example(seq: Any) -> Example:
     terms = len(set(in_message[in_message >= 0].tolist())) + len(seq.token_advantages)
     return Example(torch.tensor(seq.ids), msg,
                    torch.tensor([seq.advantages[m] for m in sorted(seq.advantages)]),
-                   tok_adv, kinds == OBSERVATION, terms, demo=demo)
+                   tok_adv, kinds == OBSERVATION, terms, demo=demo, head=head)
 
 
 def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
@@ -78,6 +83,7 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
     out = {"ids": torch.full((b, length), pad_id), "msg": torch.full((b, length), -1),
            "tok_adv": torch.full((b, length), math.nan), "obs": torch.zeros(b, length, dtype=torch.bool),
            "demo": torch.zeros(b, length, dtype=torch.bool),
+           "head": torch.zeros(b, length, dtype=torch.bool),
            "lag": torch.zeros(b, length)}
     offset = 0
     for row, e in enumerate(examples):
@@ -87,11 +93,12 @@ def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
         out["tok_adv"][row, :t] = e.tok_adv
         out["obs"][row, :t] = e.obs
         out["demo"][row, :t] = e.demo
+        out["head"][row, :t] = e.head
         if e.lag is not None:
             out["lag"][row, :t] = e.lag
         offset += len(e.adv)
     out["adv"] = torch.cat([e.adv for e in examples]) if offset else torch.zeros(0)
-    return out  # ids/msg/tok_adv/obs/demo/lag: (B, T); adv: (M,)
+    return out  # ids/msg/tok_adv/obs/demo/head/lag: (B, T); adv: (M,)
 
 
 def oapl_reads(batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -22,7 +22,10 @@ Imitation: ``weight * mean_b [ -sum_t logp_demo / n_demo(b) ]``, the same
 length-normalised cross-entropy as ECHO, on the tokens of a demonstration (a
 practice task's reference answer, given because none of the attempts passed);
 or, per token (``train.imitation_per``), ``weight * [ -sum_b,t logp_demo / N ]`` with N
-the demonstrated tokens of the whole batch.
+the demonstrated tokens of the whole batch; or, per choice, the per-sequence form with each
+sequence's demonstrated choices under the tool list (``head``: ``message:`` or
+``functions.NAME:``) and its other demonstrated tokens as two parts, each normalised by
+its own count, averaged over the parts that have any.
 OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
 message was sampled from pi_lag. A reference the model would never write
@@ -42,7 +45,7 @@ from typing import Literal
 import torch
 
 _NONE = float("nan")
-IMITATION_PER = ("sequence", "token")  # train.imitation_per's values
+IMITATION_PER = ("sequence", "token", "choice")  # train.imitation_per's values
 
 
 def oapl_loss(
@@ -128,23 +131,53 @@ def token_nll(
     return -torch.where(mask, logp, torch.zeros_like(logp)).sum() / n
 
 
+def choice_nll(
+    logp: torch.Tensor,  # (B, T) log pi_theta of each token
+    mask: torch.Tensor,  # (B, T) bool: the tokens to predict
+    head: torch.Tensor,  # (B, T) bool: choice tokens (trainer.tokens' heads)
+) -> torch.Tensor:
+    """``masked_nll`` with each sequence's choice tokens and its other tokens as two parts."""
+    return masked_nll(torch.cat([logp, logp]), torch.cat([mask & head, mask & ~head]))
+
+
+def imitation_parts(demo: torch.Tensor, head: torch.Tensor, per: str) -> int:
+    """How many terms ``imitation_loss`` averages over for these (T,) or (B, T) masks: the
+    batch mean across micro-batches and processes is their share-weighted sum."""
+    if per == "token":
+        return int(demo.sum())
+    rows = demo.reshape(-1, demo.shape[-1])
+    if per == "sequence":
+        return int(rows.any(dim=1).sum())
+    heads = head.reshape(rows.shape)
+    return int((rows & heads).any(dim=1).sum() + (rows & ~heads).any(dim=1).sum())
+
+
 def imitation_loss(
     logp: torch.Tensor,  # (B, T) log pi_theta of each token
     demo_mask: torch.Tensor,  # (B, T) bool: tokens of demonstrated answers
     weight: float = 1.0,
-    per: Literal["sequence", "token"] = "sequence",
+    per: Literal["sequence", "token", "choice"] = "sequence",
+    head: torch.Tensor | None = None,  # (B, T) bool: choice tokens, for per "choice"
 ) -> torch.Tensor:
     """weight * the demonstrations' CE: per ``"sequence"``, the mean over sequences of each
-    one's length-normalised CE; per ``"token"``, the mean over all demonstrated tokens.
+    one's length-normalised CE; per ``"token"``, the mean over all demonstrated tokens; per
+    ``"choice"``, per sequence with its choices and its words as two parts.
 
     Per sequence, a short demonstration's tokens each weigh more than a long one's: under
     a tool list a text answer's demonstration is its choice to answer in words (a few
     tokens), a tool demonstration its call and arguments (tens), so the choice of words is
-    pushed several times harder than the choice of a call. Per token both count alike."""
+    pushed several times harder than the choice of a call. Per token both count alike, and
+    a short answer's words count little; per choice every demonstration's choice counts
+    alike and so does every answer's words."""
     if per not in IMITATION_PER:
-        raise ValueError(f"train.imitation_per is 'sequence' or 'token', not {per!r}")
-    return weight * (masked_nll(logp, demo_mask) if per == "sequence"
-                     else token_nll(logp, demo_mask))
+        raise ValueError(f"train.imitation_per is one of {', '.join(IMITATION_PER)}, not {per!r}")
+    if per == "sequence":
+        return weight * masked_nll(logp, demo_mask)
+    if per == "token":
+        return weight * token_nll(logp, demo_mask)
+    if head is None:
+        raise ValueError("imitation per choice needs the choice tokens (head)")
+    return weight * choice_nll(logp, demo_mask, head)
 
 
 def _mean(values: torch.Tensor) -> float:

@@ -141,6 +141,7 @@ class Rendered:
     advantages: dict[int, float] = field(default_factory=dict)  # judged action message -> A_i
     token_advantages: dict[int, float] = field(default_factory=dict)  # token position -> A_tok
     imitated: set[int] = field(default_factory=set)  # action messages trained by likelihood
+    heads: set[int] = field(default_factory=set)  # positions of the tools view's choices
 
     def action_positions(self, message: int) -> list[int]:
         return [t for t, (k, m) in enumerate(zip(self.kinds, self.messages))
@@ -153,6 +154,7 @@ class _Segment:
     kind: int
     message: int
     literal: bool = False  # tokenized as plain text: special-token text spelled out
+    head: bool = False  # a choice under the tool list: words (and the end after them) or a call
 
 
 # -- the template, segment by segment --------------------------------------------
@@ -210,14 +212,14 @@ def _assistant_as_generated(sent: dict, tools: list[dict], i: int) -> list[_Segm
         # The handler's grammar keeps the end-of-generation token out until it is complete,
         # so the model spells the end out ("<", "|", "im", ...): "<" against "functions"
         # is the choice, greedy on that first token.
-        return [_Segment("message:", ACTION, i), _Segment("\n", IGNORE, -1),
-                _Segment(END, ACTION, i, literal=True), _Segment("\n", IGNORE, -1)]
+        return [_Segment("message:", ACTION, i, head=True), _Segment("\n", IGNORE, -1),
+                _Segment(END, ACTION, i, literal=True, head=True), _Segment("\n", IGNORE, -1)]
     if not calls:
         return [_Segment(str(sent.get("content") or ""), ACTION, i),
                 _Segment(END, ACTION, i), _Segment("\n", IGNORE, -1)]
     segs = _assistant_as_rendered({"content": sent.get("content")}, tools, -1)  # never both, in practice
     for call in calls:
-        segs += [_Segment(f"functions.{call['function']['name']}:", ACTION, i),
+        segs += [_Segment(f"functions.{call['function']['name']}:", ACTION, i, head=True),
                  _Segment("\n", IGNORE, -1),
                  _Segment(str(call["function"]["arguments"]), ACTION, i),
                  _Segment("\n", IGNORE, -1)]
@@ -290,7 +292,7 @@ def render(messages: list[dict], tools: list[dict] | None, tokenizer: Any, *, vi
     segs = _segments(messages, tools if view == "tools" else [], actions, observe, harness)
     if add_generation_prompt:
         segs.append(_Segment(GENERATION_PROMPT, IGNORE, -1))
-    char_kind, char_msg, cuts, seen, literal = [], [], [], set(), set()
+    char_kind, char_msg, char_head, cuts, seen, literal = [], [], [], [], set(), set()
     for s in segs:
         if (s.kind == ACTION and s.message not in seen) or s.literal:
             seen.add(s.message)  # an answer starts (or a literal): tokenize it apart
@@ -300,7 +302,8 @@ def render(messages: list[dict], tools: list[dict] | None, tokenizer: Any, *, vi
             cuts.append(len(char_kind) + len(s.text))
         char_kind += [s.kind] * len(s.text)
         char_msg += [s.message] * len(s.text)
-    ids, kinds, msgs = [], [], []
+        char_head += [s.head] * len(s.text)
+    ids, kinds, msgs, heads = [], [], [], set()
     text = "".join(s.text for s in segs)
     for start, stop in zip([0, *cuts], [*cuts, len(text)]):
         if start == stop:
@@ -310,9 +313,11 @@ def render(messages: list[dict], tools: list[dict] | None, tokenizer: Any, *, vi
         ids += enc["input_ids"]
         for first, end in enc["offset_mapping"]:
             last = start + max(end - 1, first)  # a token belongs to the segment of its last character
+            if char_head[last]:
+                heads.add(len(kinds))
             kinds.append(char_kind[last])
             msgs.append(char_msg[last] if char_kind[last] != IGNORE else -1)
-    return Rendered(view, ids, kinds, msgs)
+    return Rendered(view, ids, kinds, msgs, heads=heads)
 
 
 def render_row(row: dict, tokenizer: Any, *, max_tokens: int | None = None,
@@ -373,4 +378,5 @@ def truncate(seq: Rendered, max_tokens: int) -> Rendered:
         {m: a for m, a in seq.advantages.items() if m not in cut},
         {t: a for t, a in seq.token_advantages.items() if t < max_tokens and seq.messages[t] not in cut},
         seq.imitated - cut,
+        {t for t in seq.heads if t < max_tokens and seq.messages[t] not in cut},
     )

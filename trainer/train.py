@@ -14,8 +14,8 @@ settings are ``trainer.settings.Settings``, the by-hand command ``trainer.train_
    ``oapl_loss`` on action tokens, ``echo_loss`` on observation tokens and
    ``imitation_loss`` on demonstrations (``trainer.losses``); backward,
    weighted so the accumulated gradient is that of the batch means (messages
-   for OAPL, sequences for ECHO, sequences or tokens for imitation as
-   ``train.imitation_per`` says).
+   for OAPL, sequences for ECHO, sequences, tokens or choice-and-words parts for
+   imitation as ``train.imitation_per`` says).
 3. Clip the gradient to norm 1 and take an AdamW step on the LoRA only, at the
    step's rate (``trainer.lr_schedule``: a warmup, then constant or decaying).
 
@@ -92,7 +92,7 @@ from trainer.examples import (  # noqa: F401 - re-exported
     needed,
     oapl_reads,
 )
-from trainer.losses import echo_loss, imitation_loss, oapl_loss
+from trainer.losses import echo_loss, imitation_loss, imitation_parts, oapl_loss
 from trainer.lr_schedule import check, lr_factor
 from trainer.margins import changes_under, measure
 from trainer.plan import batches, plan
@@ -172,14 +172,13 @@ def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pa
                             token_adv=batch["tok_adv"])
     echo = echo_loss(logp, batch["obs"], lam=settings.echo_lambda)
     imitation = imitation_loss(logp, batch["demo"], weight=settings.imitation,
-                               per=settings.imitation_per)
+                               per=settings.imitation_per, head=batch["head"])
     return oapl, echo, imitation, stats
 
 
-def _demo_share(example: Example, per_token: bool) -> int:
-    """What an example adds to the batch's imitation mean: its demonstrated tokens, or
-    one if it has any (``train.imitation_per``)."""
-    return int(example.demo.sum()) if per_token else int(bool(example.demo.any()))
+def _demo_share(example: Example, per: str) -> int:
+    """What an example adds to the batch's imitation mean (``train.imitation_per``)."""
+    return imitation_parts(example.demo, example.head, per)
 
 
 def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
@@ -195,14 +194,14 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     all_terms = max(sum(e.terms for e in chosen), 1)
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     demos = sum(bool(e.demo.any()) for e in chosen)
-    per_token = settings.imitation_per == "token"
-    all_demo = max(sum(_demo_share(e, per_token) for e in chosen), 1)
+    per = settings.imitation_per
+    all_demo = max(sum(_demo_share(e, per) for e in chosen), 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
-        w_demo = (sum(_demo_share(e, per_token) for e in micro) / all_demo
+        w_demo = (sum(_demo_share(e, per) for e in micro) / all_demo
                   * acc.num_processes * weight)
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:

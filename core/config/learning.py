@@ -109,9 +109,10 @@ class TrainConfig(_Section):
     imitation: float = Field(
         1.0, ge=0, description="the weight of the demonstrations' cross-entropy (>= 0)"
     )
-    imitation_per: Literal["sequence", "token"] = Field(
+    imitation_per: Literal["sequence", "token", "choice"] = Field(
         "sequence", description='what the demonstrations\' cross-entropy averages over: '
-        '"sequence" (each demonstration weighs the same) or "token" (each demonstrated token)'
+        '"sequence" (each demonstration weighs the same), "token" (each demonstrated token) '
+        'or "choice" (each demonstration\'s choice under the tool list, and its words, apart)'
     )
     lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
     schedule: Literal["constant", "linear", "cosine"] = Field(
