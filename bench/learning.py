@@ -142,12 +142,15 @@ def write_sets(work: Path, args: argparse.Namespace, seed: int) -> dict:
     return sets
 
 
-async def evaluate(rt: Runtime, pset: PracticeSet, phase: str) -> list[float]:
-    """Each held-out task answered once by the agent in a fresh channel, and checked."""
-    rewards = []
+async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
+                   ) -> tuple[list[float], list[int]]:
+    """Each held-out task answered once by the agent in a fresh channel, and checked: the
+    rewards, and the model steps each answer took (more than one: it called a tool)."""
+    rewards, steps = [], []
     for task in pset.tasks:
         channel = f"bench-{phase}-{pset.name}-{task.id}"
         result = await rt.turn(channel, task.prompt, "bench")
+        steps.append(result.steps)
         ctx = rt.spaces.context(channel)
         if not result.ok:
             rewards.append(0.0)
@@ -155,7 +158,7 @@ async def evaluate(rt: Runtime, pset: PracticeSet, phase: str) -> list[float]:
         verdict = await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
                               rt.config.practice.check_timeout_s)
         rewards.append(verdict.reward if verdict.judged else 0.0)
-    return rewards
+    return rewards, steps
 
 
 async def night(rt: Runtime, since: float, timeout_s: float) -> dict:
@@ -207,7 +210,8 @@ async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
     """Steps 1 and 2: the held-out items before, then the practice; returns when it began."""
     t0 = time.monotonic()
     for family, pset in held.items():
-        result["before"][family] = await evaluate(rt, pset, "before")
+        result["before"][family], result["steps_before"][family] = await evaluate(
+            rt, pset, "before")
     result["before_s"] = time.monotonic() - t0
     since = time.time()
     t0 = time.monotonic()
@@ -265,7 +269,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not kept_day:
-        result = {"before": {}, "after": {}, "seed": seed}
+        result = {"before": {}, "after": {}, "steps_before": {}, "seed": seed}
         rt = await Runtime.start(config)
         rt.practice.listeners.append(show)
         try:
@@ -280,8 +284,10 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
         release_id = result["night"]["job"]["progress"].get("release_id")
         if release_id is not None:
             print("  " + await serve_candidate(rt, release_id), flush=True)
+            result["steps_after"] = {}
             for family, pset in held.items():
-                result["after"][family] = await evaluate(rt, pset, "after")
+                result["after"][family], result["steps_after"][family] = await evaluate(
+                    rt, pset, "after")
         result["chain"] = []
         for k in range(2, args.nights + 1):
             if not await chained_night(rt, args, work, seed, k, held, result):
@@ -314,14 +320,15 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
         train, _ = items(family, args.train * k, args.held, seed)  # the held-out items stay
         path = write_set(work / SETS, f"{family}-night{k}", train[args.train * (k - 1):])
         print((await run_practice(rt.practice, path, args.samples)).splitlines()[1], flush=True)
-    entry = {"night": await night(rt, since, args.night_timeout), "after": {}}
+    entry = {"night": await night(rt, since, args.night_timeout), "after": {}, "steps_after": {}}
     result["chain"].append(entry)
     new_id = entry["night"]["job"]["progress"].get("release_id")
     if new_id is None:
         return False
     print("  " + await serve_candidate(rt, new_id), flush=True)
     for family, pset in held.items():
-        entry["after"][family] = await evaluate(rt, pset, f"after{k}")
+        entry["after"][family], entry["steps_after"][family] = await evaluate(
+            rt, pset, f"after{k}")
     return True
 
 
