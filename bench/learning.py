@@ -79,7 +79,7 @@ from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
     DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, night_number, tabulated)
 from learning_args import DEFAULT_FAMILIES, arguments  # noqa: E402
-from learning_report import report  # noqa: E402
+from learning_report import report, tool_calls  # noqa: E402
 from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
@@ -145,12 +145,12 @@ def write_sets(work: Path, args: argparse.Namespace, seed: int) -> dict:
 async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
                    ) -> tuple[list[float], list[int]]:
     """Each held-out task answered once by the agent in a fresh channel, and checked: the
-    rewards, and the model steps each answer took (more than one: it called a tool)."""
-    rewards, steps = [], []
+    rewards, and the rounds of tool calls each answer made."""
+    rewards, calls = [], []
     for task in pset.tasks:
         channel = f"bench-{phase}-{pset.name}-{task.id}"
         result = await rt.turn(channel, task.prompt, "bench")
-        steps.append(result.steps)
+        calls.append(result.tool_rounds)
         ctx = rt.spaces.context(channel)
         if not result.ok:
             rewards.append(0.0)
@@ -158,7 +158,7 @@ async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
         verdict = await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
                               rt.config.practice.check_timeout_s)
         rewards.append(verdict.reward if verdict.judged else 0.0)
-    return rewards, steps
+    return rewards, calls
 
 
 async def night(rt: Runtime, since: float, timeout_s: float) -> dict:
@@ -210,7 +210,7 @@ async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
     """Steps 1 and 2: the held-out items before, then the practice; returns when it began."""
     t0 = time.monotonic()
     for family, pset in held.items():
-        result["before"][family], result["steps_before"][family] = await evaluate(
+        result["before"][family], result["calls_before"][family] = await evaluate(
             rt, pset, "before")
     result["before_s"] = time.monotonic() - t0
     since = time.time()
@@ -269,7 +269,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}
     if not kept_day:
-        result = {"before": {}, "after": {}, "steps_before": {}, "seed": seed}
+        result = {"before": {}, "after": {}, "calls_before": {}, "seed": seed}
         rt = await Runtime.start(config)
         rt.practice.listeners.append(show)
         try:
@@ -284,9 +284,9 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
         release_id = result["night"]["job"]["progress"].get("release_id")
         if release_id is not None:
             print("  " + await serve_candidate(rt, release_id), flush=True)
-            result["steps_after"] = {}
+            result["calls_after"] = {}
             for family, pset in held.items():
-                result["after"][family], result["steps_after"][family] = await evaluate(
+                result["after"][family], result["calls_after"][family] = await evaluate(
                     rt, pset, "after")
         result["chain"] = []
         for k in range(2, args.nights + 1):
@@ -320,15 +320,17 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
         train, _ = items(family, args.train * k, args.held, seed)  # the held-out items stay
         path = write_set(work / SETS, f"{family}-night{k}", train[args.train * (k - 1):])
         print((await run_practice(rt.practice, path, args.samples)).splitlines()[1], flush=True)
-    entry = {"night": await night(rt, since, args.night_timeout), "after": {}, "steps_after": {}}
+    entry = {"night": await night(rt, since, args.night_timeout), "after": {}, "calls_after": {}}
     result["chain"].append(entry)
     new_id = entry["night"]["job"]["progress"].get("release_id")
     if new_id is None:
         return False
     print("  " + await serve_candidate(rt, new_id), flush=True)
     for family, pset in held.items():
-        entry["after"][family], entry["steps_after"][family] = await evaluate(
+        entry["after"][family], entry["calls_after"][family] = await evaluate(
             rt, pset, f"after{k}")
+    print(tool_calls({"calls_before": result.get("calls_before"),
+                      "calls_after": entry["calls_after"]}), flush=True)
     return True
 
 

@@ -20,7 +20,8 @@ def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
     out = folder / NIGHTS
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
-    path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {}}))
+    path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {},
+                                "calls_after": result.get("calls_after") or {}}))
     return path
 
 

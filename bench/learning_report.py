@@ -7,14 +7,13 @@ from __future__ import annotations
 import time
 
 
-def tool_steps(result: dict) -> str:
-    """Per family, how many held-out answers took more than one model step (called a tool),
-    before and after: a night that teaches calls where none belong shows here ("?": a day
-    kept before the bench counted them)."""
-    def called(steps: list[int] | None) -> str:
-        return "?" if steps is None else f"{sum(s > 1 for s in steps)}/{len(steps)}"
-    before, after = result.get("steps_before") or {}, result["steps_after"]
-    return ("answers that called a tool (more than one model step), before -> after: "
+def tool_calls(result: dict) -> str:
+    """Per family, how many held-out answers called a tool, before and after: a night that
+    teaches calls where none belong shows here ("?": a day kept before the bench counted)."""
+    def called(rounds: list[int] | None) -> str:
+        return "?" if rounds is None else f"{sum(r > 0 for r in rounds)}/{len(rounds)}"
+    before, after = result.get("calls_before") or {}, result["calls_after"]
+    return ("held-out answers that called a tool, before -> after: "
             + ", ".join(f"{f} {called(before.get(f))} -> {called(after[f])}" for f in after))
 
 
@@ -32,8 +31,8 @@ def report(result: dict, started: float) -> None:
         print(f"{family:<12}{b:>10.1f}{a:>10.1f}{a - b:>+10.1f}")
     mean = f"{sum(deltas) / len(deltas):+.1f} pp" if deltas else "n/a (no candidate)"
     print(f"mean delta: {mean}")
-    if result.get("steps_after"):
-        print(tool_steps(result))
+    if result.get("calls_after"):
+        print(tool_calls(result))
     night_ = result.get("night", {})
     job = night_.get("job") or {}
     progress = job.get("progress", {})

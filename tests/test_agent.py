@@ -79,6 +79,7 @@ async def test_tool_call_then_observation_then_answer_is_stored_step_by_step(sto
                                    tmp_path)
     result = await agent.turn("general", "what is 2+3?")
     assert result.ok and result.reply == "It is 5." and result.steps == 2
+    assert result.tool_rounds == 1
     got, ep = await roles(store, result.episode_id)
     assert got == ["system", "user", "assistant", "tool", "assistant"]
     assert ep.status == "complete"

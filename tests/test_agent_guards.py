@@ -192,6 +192,7 @@ async def test_the_last_step_is_asked_for_words_so_a_wandering_turn_still_answer
     agent, llm = make_agent(store, wandering, tmp_path, max_steps=4)
     result = await agent.turn("general", "Hello from another channel.")
     assert result.ok and result.reply == "Hello! How can I help?" and result.steps == 4
+    assert result.tool_rounds == 3
     assert [bool(kw.get("tools")) for _, kw in llm.calls] == [True, True, True, False]
     assert llm.calls[-1][0][-1] == {"role": "user", "content": "Hello from another channel."}
     assert (await episode(store, result.episode_id)).status == "complete"

@@ -67,9 +67,10 @@ def test_the_report_names_the_gates_outcome_and_its_open_chat_scores(capsys):
     assert "gate: inconclusive (no paired items)" in capsys.readouterr().out
 
 
-def test_held_out_answers_are_checked_and_their_tool_steps_counted(tmp_path, capsys):
-    """evaluate's second list is the model steps each answer took; the report counts the
-    answers that took more than one (a tool call) per family, before and after."""
+def test_held_out_answers_are_checked_and_their_tool_calls_counted(tmp_path, capsys):
+    """evaluate's second list is each answer's rounds of tool calls (not its steps: a retry
+    after a format error is a step); the report counts, per family, the answers that called
+    a tool before and after, and a kept night keeps the count."""
     import asyncio
     from types import SimpleNamespace
 
@@ -81,26 +82,28 @@ def test_held_out_answers_are_checked_and_their_tool_steps_counted(tmp_path, cap
         {"id": "a", "prompt": "Say [A].", "check": {"exact": "[A]"}},
         {"id": "b", "prompt": "Say [B].", "check": {"exact": "[B]"}},
         {"id": "c", "prompt": "Say [C].", "check": {"exact": "[C]"}}])
-    answers = {"Say [A].": ("[A]", 1, True), "Say [B].": ("[B]", 3, True),
-               "Say [C].": ("(stopped)", 8, False)}
+    answers = {"Say [A].": ("[A]", 2, 0, True), "Say [B].": ("[B]", 3, 2, True),
+               "Say [C].": ("(stopped)", 8, 7, False)}
 
     async def turn(channel, prompt, speaker):
-        reply, steps, ok = answers[prompt]
-        return TurnResult(channel, reply, 1, ok=ok, steps=steps)
+        reply, steps, rounds, ok = answers[prompt]
+        return TurnResult(channel, reply, 1, ok=ok, steps=steps, tool_rounds=rounds)
 
     space = SimpleNamespace(workspace=None, services=SimpleNamespace(sandbox=None))
     rt = SimpleNamespace(turn=turn, spaces=SimpleNamespace(context=lambda channel: space),
                          config=SimpleNamespace(practice=SimpleNamespace(check_timeout_s=5)))
-    rewards, steps = asyncio.run(learning.evaluate(rt, load_set(path), "after"))
-    assert rewards == [1.0, 1.0, 0.0] and steps == [1, 3, 8]
+    rewards, calls = asyncio.run(learning.evaluate(rt, load_set(path), "after"))
+    assert rewards == [1.0, 1.0, 0.0] and calls == [0, 2, 7]
     result = {"before": {"protocol": [0.0] * 3}, "after": {"protocol": rewards},
-              "steps_before": {"protocol": [1, 1, 1]}, "steps_after": {"protocol": steps}}
+              "calls_before": {"protocol": [0, 0, 1]}, "calls_after": {"protocol": calls}}
     learning.report(result, 0.0)
-    assert ("answers that called a tool (more than one model step), before -> after: "
-            "protocol 0/3 -> 2/3") in capsys.readouterr().out
-    del result["steps_before"]  # a day kept before the bench counted them
+    assert ("held-out answers that called a tool, before -> after: protocol 1/3 -> 2/3"
+            in capsys.readouterr().out)
+    del result["calls_before"]  # a day kept before the bench counted them
     learning.report(result, 0.0)
     assert "protocol ? -> 2/3" in capsys.readouterr().out
+    night = json.loads(kept.keep_night(tmp_path, result, ["--day"]).read_text())
+    assert night["calls_after"] == {"protocol": [0, 2, 7]}
 
 
 def test_a_run_whose_checks_need_the_missing_sandbox_is_refused_before_it_starts(

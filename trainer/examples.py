@@ -64,8 +64,7 @@ def _example(seq: Any) -> Example:
                         for k, m in zip(seq.kinds, seq.messages)])
     demo = torch.tensor([k == ACTION and m in seq.imitated
                          for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
-    head = torch.zeros(len(seq.ids), dtype=torch.bool)
-    head[sorted(seq.heads)] = True
+    head = torch.tensor([t in seq.heads for t in range(len(seq.ids))], dtype=torch.bool)
     tok_adv = torch.full((len(seq.ids),), math.nan)
     for position, advantage in seq.token_advantages.items():
         tok_adv[position] = advantage

@@ -25,7 +25,8 @@ or, per token (``train.imitation_per``), ``weight * [ -sum_b,t logp_demo / N ]``
 the demonstrated tokens of the whole batch; or, per choice, the per-sequence form with each
 sequence's demonstrated choices under the tool list (``head``: ``message:`` or
 ``functions.NAME:``) and its other demonstrated tokens as two parts, each normalised by
-its own count, averaged over the parts that have any.
+its own count, averaged over the parts that have any (a part is a whole spelled head,
+``functions.write_file:`` or ``message:`` and the spelled end, not only its deciding token).
 OAPL does not fit those: it regresses beta * log-ratio onto A, i.e. it moves a
 message by at most A / beta nats (8 for A = 0.8, beta = 0.1), and assumes the
 message was sampled from pi_lag. A reference the model would never write
@@ -140,9 +141,12 @@ def choice_nll(
     return masked_nll(torch.cat([logp, logp]), torch.cat([mask & head, mask & ~head]))
 
 
-def imitation_parts(demo: torch.Tensor, head: torch.Tensor, per: str) -> int:
+def imitation_parts(demo: torch.Tensor, head: torch.Tensor,
+                    per: Literal["sequence", "token", "choice"]) -> int:
     """How many terms ``imitation_loss`` averages over for these (T,) or (B, T) masks: the
     batch mean across micro-batches and processes is their share-weighted sum."""
+    if per not in IMITATION_PER:
+        raise ValueError(f"train.imitation_per is one of {', '.join(IMITATION_PER)}, not {per!r}")
     if per == "token":
         return int(demo.sum())
     rows = demo.reshape(-1, demo.shape[-1])

@@ -24,7 +24,8 @@ class Settings:
     beta: float = _TRAIN.beta  # OAPL's KL strength
     echo_lambda: float = _TRAIN.echo_lambda  # weight of the observation cross-entropy
     imitation: float = _TRAIN.imitation  # weight of the demonstrations' cross-entropy
-    imitation_per: Literal["sequence", "token", "choice"] = _TRAIN.imitation_per  # what it averages over
+    # What the demonstrations' cross-entropy averages over (trainer.losses.imitation_loss).
+    imitation_per: Literal["sequence", "token", "choice"] = _TRAIN.imitation_per
     lr: float = _TRAIN.lr  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
     schedule: str = _TRAIN.schedule
     warmup_steps: int = _TRAIN.warmup_steps

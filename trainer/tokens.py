@@ -154,7 +154,7 @@ class _Segment:
     kind: int
     message: int
     literal: bool = False  # tokenized as plain text: special-token text spelled out
-    head: bool = False  # a choice under the tool list: words (and the end after them) or a call
+    head: bool = False  # a choice under the tool list: `message:` and the end after it, or `functions.NAME:`
 
 
 # -- the template, segment by segment --------------------------------------------

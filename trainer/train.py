@@ -176,11 +176,6 @@ def micro_losses(policy: nn.Module, micro: list[Example], settings: Settings, pa
     return oapl, echo, imitation, stats
 
 
-def _demo_share(example: Example, per: str) -> int:
-    """What an example adds to the batch's imitation mean (``train.imitation_per``)."""
-    return imitation_parts(example.demo, example.head, per)
-
-
 def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     """One optimizer step over this process's share of a batch, its loss scaled by
     ``weight`` (the remainder batch's size share); returns its event."""
@@ -195,13 +190,13 @@ def _train_step(ctx: dict, chosen: list[Example], weight: float = 1.0) -> dict:
     all_obs = max(sum(bool(e.obs.any()) for e in chosen), 1)
     demos = sum(bool(e.demo.any()) for e in chosen)
     per = settings.imitation_per
-    all_demo = max(sum(_demo_share(e, per) for e in chosen), 1)
+    all_demo = max(sum(imitation_parts(e.demo, e.head, per) for e in chosen), 1)
     totals = {"oapl": 0.0, "echo": 0.0, "imitation": 0.0, "pos": 0.0, "n_pos": 0.0, "neg": 0.0, "n_neg": 0.0}
     micros = _micro_batches(mine, settings, shares)
     for i, micro in enumerate(micros):
         w_oapl = sum(e.terms for e in micro) / all_terms * acc.num_processes * weight
         w_echo = sum(bool(e.obs.any()) for e in micro) / all_obs * acc.num_processes * weight
-        w_demo = (sum(_demo_share(e, per) for e in micro) / all_demo
+        w_demo = (sum(imitation_parts(e.demo, e.head, per) for e in micro) / all_demo
                   * acc.num_processes * weight)
         sync = acc.no_sync(policy) if i < len(micros) - 1 else contextlib.nullcontext()
         with sync:

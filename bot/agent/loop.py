@@ -114,6 +114,7 @@ class TurnResult:
     episode_id: int
     ok: bool
     steps: int = 0
+    tool_rounds: int = 0  # the model's rounds of tool calls (steps also count retries)
     files: list[str] = field(default_factory=list)  # workspace files to upload with the reply
 
 
@@ -205,10 +206,11 @@ class Agent:
         except TurnEnded as end:
             await self.store.end_episode(episode, end.status)
             return TurnResult(channel, end.message, episode, ok=False, steps=turn.steps,
-                              files=outbox_files(turn.ctx))
+                              tool_rounds=turn.tool_rounds, files=outbox_files(turn.ctx))
         except EpisodeForgotten:  # the forget closed the episode; its files are not sent
             outbox_files(turn.ctx)
-            return TurnResult(channel, FORGOTTEN_NOTE, episode, ok=False, steps=turn.steps)
+            return TurnResult(channel, FORGOTTEN_NOTE, episode, ok=False, steps=turn.steps,
+                              tool_rounds=turn.tool_rounds)
         except BaseException:
             await self.store.end_episode(episode, "errored")
             raise
@@ -287,7 +289,8 @@ class Agent:
             text = (text + "\n\n" if text else "") + CUT_NOTE.format(
                 tokens=self.config.agent.max_reply_tokens)
         return TurnResult(turn.channel, text, turn.episode,
-                          ok=True, steps=turn.steps, files=outbox_files(turn.ctx))
+                          ok=True, steps=turn.steps, tool_rounds=turn.tool_rounds,
+                          files=outbox_files(turn.ctx))
 
     async def _end_of_turn(self, ctx: Any) -> None:
         if self.config.agent.clear_scratch_after_turn and "clear_scratch" in self.tool_names():
