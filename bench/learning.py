@@ -69,10 +69,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.config import Config, load_config  # noqa: E402
-from bot.night.jobs import ACTIVE  # noqa: E402
-from core.practice.checks import judge  # noqa: E402
 from bot.practice.runner import publish_held_out, run_practice  # noqa: E402
-from core.practice.sets import PracticeSet, load_set  # noqa: E402
+from core.practice.sets import load_set  # noqa: E402
 from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
@@ -80,6 +78,7 @@ from learning_kept import (  # noqa: E402
     DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, night_number, tabulated)
 from learning_args import DEFAULT_FAMILIES, arguments  # noqa: E402
 from learning_report import report, tool_calls  # noqa: E402
+from learning_steps import evaluate, night  # noqa: E402
 from learning_table import chain_table, days_of, header, pooled_comparison, table  # noqa: E402
 from sandbox.bwrap import find_bwrap  # noqa: E402
 
@@ -140,53 +139,6 @@ def write_sets(work: Path, args: argparse.Namespace, seed: int) -> dict:
         publish_held_out(work / "data" / "heldout", f"{family}-heldout",
                          list(load_set(sets[family][1]).tasks))
     return sets
-
-
-async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
-                   ) -> tuple[list[float], list[int]]:
-    """Each held-out task answered once by the agent in a fresh channel, and checked: the
-    rewards, and the rounds of tool calls each answer made."""
-    rewards, calls = [], []
-    for task in pset.tasks:
-        channel = f"bench-{phase}-{pset.name}-{task.id}"
-        result = await rt.turn(channel, task.prompt, "bench")
-        calls.append(result.tool_rounds)
-        ctx = rt.spaces.context(channel)
-        if not result.ok:
-            rewards.append(0.0)
-            continue
-        verdict = await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
-                              rt.config.practice.check_timeout_s)
-        rewards.append(verdict.reward if verdict.judged else 0.0)
-    return rewards, calls
-
-
-async def night(rt: Runtime, since: float, timeout_s: float) -> dict:
-    """Launch the night job as the bot does, and time each state it passes through."""
-    job_id = await rt.store.create_job("sleep", {"requested_by": "bench/learning.py",
-                                                 "channel": "bench", "since": since,
-                                                 "requested_at": time.time()})
-    started = time.monotonic()
-    await rt.night.launch(job_id)
-    stages: dict[str, float] = {}
-    state, entered = None, started
-    while True:
-        job = await rt.store.job(job_id)
-        now = time.monotonic()
-        if job["state"] != state:
-            if state is not None:
-                stages[state] = stages.get(state, 0.0) + now - entered
-            state, entered = job["state"], now
-            print(f"  night #{job_id}: {state} at {now - started:.0f} s", flush=True)
-        if state not in ACTIVE:
-            break
-        if now - started > timeout_s:
-            await rt.store.update_job(job_id, state="cancelled", error="bench timeout")
-            print(f"  night #{job_id}: cancelled after {timeout_s:.0f} s", flush=True)
-            job = await rt.store.job(job_id)
-            break
-        await asyncio.sleep(1.0)
-    return {"job": job, "wall_s": time.monotonic() - started, "stages": stages}
 
 
 async def serve_candidate(rt: Runtime, release_id: int) -> str:
