@@ -52,8 +52,9 @@ async def finish_nights(rt: Runtime, renderer: ConsoleRenderer, interval_s: floa
     """At the console's end of input, let a running night finish instead of killing it.
 
     Closing the runtime stops the model server that the night judges with, and the
-    nights this bot started, so the bot waits here, saying so, and reports how each
-    night ended. Ctrl-C still stops at once (the night can then be resumed)."""
+    nights this bot started, so the bot waits here, saying so, sends each night's report
+    (the watch polls too, and stopping would cut a report it had not sent yet) and says
+    how each night ended. Ctrl-C still stops at once (the night can then be resumed)."""
     auto = rt.config.night.auto_promote
     waiting = [j for j in await rt.store.jobs("sleep") if _unfinished(j, auto)]
     if not waiting:
@@ -66,6 +67,8 @@ async def finish_nights(rt: Runtime, renderer: ConsoleRenderer, interval_s: floa
         while _unfinished(job, auto):
             await asyncio.sleep(interval_s)
             job = await rt.store.job(job["id"])
+        if rt.reports is not None:  # sent here unless the watch has: closing would cut it
+            await rt.reports.on_job(job)
         renderer.info(f"The night finished: {night_line(job)}")
 
 

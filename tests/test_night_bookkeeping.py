@@ -198,9 +198,18 @@ async def test_the_consoles_end_of_input_lets_a_running_night_finish(tmp_path):
             await rt.store.update_job(job, state="done", progress={
                 "gate": {"outcome": "reject", "reasons": ["planted"]}})
 
+        sent = []
+
+        async def listener(report):
+            sent.append(report)
+
+        rt.reports.listeners.append(listener)
         finishing = asyncio.create_task(trainer_finishes())
         try:
             await finish_nights(rt, ConsoleRenderer(io.StringIO(), err), interval_s=0.05)
+            # The report is out before the console stops, whether the watch or the console
+            # sent it, and once (the console stopped before the watch sent it, once).
+            assert [r.job_id for r in sent] == [job]
             await finishing
             assert trainer.poll() is None  # the night was waited for, not killed
         finally:

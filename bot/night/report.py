@@ -300,6 +300,8 @@ class NightReports:
         """A night watch listener: report a finished night, once."""
         if not finished(job, self.config.night.auto_promote):
             return
+        # Held while sending too: a second caller (the console about to stop) returns only
+        # once the report is out.
         async with self._lock:
             sent = {e["payload"].get("job_id") for e in await self.store.events(REPORT_EVENT)}
             if job["id"] in sent:
@@ -307,15 +309,15 @@ class NightReports:
             # Recorded first: a report that fails to send is not retried at every poll.
             await self.store.add_event(REPORT_EVENT_CHANNEL, None, REPORT_EVENT,
                                        {"job_id": job["id"]})
-        report = await self.build(job["id"])
-        logger.info("night report for #%s:\n%s", job["id"], report.text)
-        for listener in list(self.listeners):
-            try:
-                await listener(report)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # one front end's failure must not keep the report from others
-                logger.exception("night report listener failed")
+            report = await self.build(job["id"])
+            logger.info("night report for #%s:\n%s", job["id"], report.text)
+            for listener in list(self.listeners):
+                try:
+                    await listener(report)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # one front end's failure must not keep it from others
+                    logger.exception("night report listener failed")
 
     async def report_command(self, night: int | None = None) -> str:
         report = await self.build(night)
