@@ -32,8 +32,10 @@ Steps, all through the real agent, llama.cpp server, sandbox and trainer:
    is swapped in all the same, only to measure it (the product would not serve
    it); the gate's decision is printed beside the figures;
 5. per family: before %, after %, delta in pp (an item counts when its check
-   gives 1.0), the mean delta, the night's wall time by stage, the rows and
-   steps trained, and the gate's decision with its reasons.
+   gives 1.0), the mean delta, how many held-out answers called a tool before
+   and after (a night that teaches calls where none belong shows there), the
+   night's wall time by stage, the rows and steps trained, and the gate's
+   decision with its reasons.
 
 The held-out items, whatever their check (exact, regex, python), are published
 where the product's ``/practice`` publishes a set's held-out split
