@@ -145,8 +145,7 @@ def imitation_parts(demo: torch.Tensor, head: torch.Tensor,
                     per: Literal["sequence", "token", "choice"]) -> int:
     """How many terms ``imitation_loss`` averages over for these (T,) or (B, T) masks: the
     batch mean across micro-batches and processes is their share-weighted sum."""
-    if per not in IMITATION_PER:
-        raise ValueError(f"train.imitation_per is one of {', '.join(IMITATION_PER)}, not {per!r}")
+    _check_per(per)
     if per == "token":
         return int(demo.sum())
     rows = demo.reshape(-1, demo.shape[-1])
@@ -173,8 +172,7 @@ def imitation_loss(
     pushed several times harder than the choice of a call. Per token both count alike, and
     a short answer's words count little; per choice every demonstration's choice counts
     alike and so does every answer's words."""
-    if per not in IMITATION_PER:
-        raise ValueError(f"train.imitation_per is one of {', '.join(IMITATION_PER)}, not {per!r}")
+    _check_per(per)
     if per == "sequence":
         return weight * masked_nll(logp, demo_mask)
     if per == "token":
@@ -182,6 +180,11 @@ def imitation_loss(
     if head is None:
         raise ValueError("imitation per choice needs the choice tokens (head)")
     return weight * choice_nll(logp, demo_mask, head)
+
+
+def _check_per(per: str) -> None:
+    if per not in IMITATION_PER:
+        raise ValueError(f"train.imitation_per is one of {', '.join(IMITATION_PER)}, not {per!r}")
 
 
 def _mean(values: torch.Tensor) -> float:
