@@ -97,8 +97,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
     if cache.is_dir() and not (data / "cache").exists():
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
-    for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "min_steps", "max_epochs",
-                "batch", "schedule", "warmup_steps", "stop_split", "stop_every"):
+    for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "imitate_known_choices",
+                "min_steps", "max_epochs", "batch", "schedule", "warmup_steps", "stop_split", "stop_every"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {
@@ -217,6 +217,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "
           f"imitation {t.imitation:g} per {t.imitation_per}"
+          + ("" if t.imitate_known_choices else "; known choices not imitated")
           + (f"; stop split {t.stop_split:g} every {t.stop_every}" if t.stop_split else "")
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
           + (f"; the day kept in {kept_day}" if kept_day else ""),

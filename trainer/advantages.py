@@ -47,7 +47,8 @@ is the words, and by default (``train.imitation_per = "sequence"``) each
 sequence's loss is normalised by its own length, so the choices weigh as much as
 the answer. That was intended: the embedded model, offered tools, called one for
 "What is 3 times 9?". Per token, a tool demonstration's call weighs as much as
-those choices do.
+those choices do. With ``train.imitate_known_choices`` off, a reference's first choice
+that most of its group's attempts made too is not imitated (``trainer.examples``).
 """
 
 from __future__ import annotations

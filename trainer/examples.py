@@ -1,15 +1,26 @@
 """A night's rows as training sequences: token ids with, per token, what it is to the
 losses (a judged action's message slot, an override, an observation, a demonstration),
-and the padded micro-batch tensors ``trainer.train`` computes on."""
+and the padded micro-batch tensors ``trainer.train`` computes on.
+
+**A choice the attempts already made** (``train.imitate_known_choices``). Under a tool list
+a demonstration's first action starts with a choice: answer in words (``message:`` and
+the end after it) or call a tool (``functions.NAME:``). Where every attempt of its practice
+group made that same first choice, the model needed the reference for its words or its
+arguments, not for the choice; imitated anyway, the choice is taught to prompts that never
+asked for it (the references of two word-answer families taught a night to answer its tool
+prompts in words: docs/learning.md). With the setting off, such a choice is left out of the
+imitation (``known_choices``); a group where some attempt chose otherwise keeps it."""
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from core.storage.events import REFERENCE
 from trainer.tokens import ACTION, OBSERVATION, render_row
 
 
@@ -18,6 +29,7 @@ class Rendering(Protocol):
 
     max_tokens: int
     chat_format: str
+    imitate_known_choices: bool
 
 
 @dataclass
@@ -44,12 +56,13 @@ class Example:
 def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> list[Example]:
     """The train split's rows as sequences with something to learn."""
     examples = []
-    for row in rows:
+    known = {} if settings.imitate_known_choices else known_choices(rows)
+    for i, row in enumerate(rows):
         if row.get("split", "train") != "train":
             continue
         for seq in render_row(row, tokenizer, max_tokens=settings.max_tokens,
                               chat_format=settings.chat_format):
-            example = _example(seq)
+            example = _example(seq, known.get(i, set()))
             example.group = str(row.get("group") or "")
             example.episode = row.get("episode_id")
             if example.terms or bool(example.obs.any()) or bool(example.demo.any()):
@@ -57,13 +70,57 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> lis
     return examples
 
 
-def _example(seq: Any) -> Example:
+def known_choices(rows: list[dict]) -> dict[int, set[int]]:
+    """Row index -> the demonstrated message whose choice under the tool list every
+    attempt of the row's practice group made too (the module's doc): only a reference's
+    first action, and only where its group has attempts."""
+    chosen: dict[str, list[tuple[str, ...]]] = defaultdict(list)
+    references = []
+    for i, row in enumerate(rows):
+        first = _first_action(row)
+        if first is None:
+            continue
+        if (row.get("reward_source") or {}).get("check") == REFERENCE:
+            references.append((i, first))
+        else:
+            chosen[row["group"]].append(_choice(row["messages"][first]))
+    out = {}
+    for i, first in references:
+        attempts = chosen[rows[i]["group"]]
+        same = attempts.count(_choice(rows[i]["messages"][first]))
+        if first in (rows[i].get("imitate") or ()) and 2 * same > len(attempts):
+            out[i] = {first}
+    return out
+
+
+def _first_action(row: dict) -> int | None:
+    """The index of a practice row's first own assistant message under a tool list, or None
+    (no group, no tools, or a row that continues its episode after a compaction)."""
+    if not row.get("group") or not row.get("tools"):
+        return None
+    start = row.get("context") or 0
+    if start != (row.get("prefix_messages") or 0):
+        return None
+    harness = set(row.get("harness") or ())
+    return next((i for i, m in enumerate(row["messages"])
+                 if i >= start and i not in harness and m.get("role") == "assistant"), None)
+
+
+def _choice(message: dict) -> tuple[str, ...]:
+    """An assistant message's choice under a tool list: words, or the tools it called."""
+    calls = message.get("tool_calls") or []
+    return tuple(c["function"]["name"] for c in calls) if calls else ("message",)
+
+
+def _example(seq: Any, known: set[int] = frozenset()) -> Example:
     slots = {m: s for s, m in enumerate(sorted(seq.advantages))}
     kinds = torch.tensor(seq.kinds)
     msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1
                         for k, m in zip(seq.kinds, seq.messages)])
     demo = torch.tensor([k == ACTION and m in seq.imitated
-                         for k, m in zip(seq.kinds, seq.messages)], dtype=torch.bool)
+                         and not (m in known and t in seq.heads)
+                         for t, (k, m) in enumerate(zip(seq.kinds, seq.messages))],
+                        dtype=torch.bool)
     head = torch.tensor([t in seq.heads for t in range(len(seq.ids))], dtype=torch.bool)
     tok_adv = torch.full((len(seq.ids),), math.nan)
     for position, advantage in seq.token_advantages.items():
