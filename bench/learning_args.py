@@ -40,7 +40,7 @@ def arguments(description: str) -> argparse.ArgumentParser:
                         help="train.imitation_per: what the demonstrations' loss averages over")
     parser.add_argument("--imitate-known-choices", action=argparse.BooleanOptionalAction,
                         help="train.imitate_known_choices: also imitate a reference's choice "
-                             "under the tool list that every attempt of its group made too")
+                             "under the tool list that most attempts of its group made too")
     parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")

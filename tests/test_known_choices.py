@@ -55,6 +55,15 @@ def test_a_choice_most_attempts_made_is_known_and_one_they_did_not_is_taught():
     assert known_choices([*words, {**_reference(REFERENCE_WORDS), "imitate": []}]) == {}
 
 
+def test_text_that_was_no_choice_of_words_votes_for_no_choice():
+    """A bare call head left as text, or failed call syntax: the model reached for a tool,
+    so the text has no ``choice`` and must not count as answering in words."""
+    bare = {"role": "assistant", "content": "functions.write_file:"}
+    rows = [*(_attempt(bare, episode=i) for i in range(2)), _attempt(WORDS, episode=2),
+            _reference(REFERENCE_WORDS)]
+    assert known_choices(rows) == {}  # 1 of 3 chose words
+
+
 def test_a_row_that_continues_after_a_compaction_tells_nothing_of_the_first_choice():
     later = [_attempt(_call("x"), episode=i, context=2) for i in range(3)]  # not a first action
     words = [_attempt(WORDS, episode=9)]
@@ -80,9 +89,30 @@ def test_the_known_choice_leaves_the_imitation_and_the_words_stay(tokenizer):
         "message:<|im_end|>", "27<|im_end|>"]  # the tools view's choices, the plain view's words
     off = replace(settings, imitate_known_choices=False)
     assert demonstrated(build_examples(rows, tokenizer, off)) == ["27<|im_end|>"]
-    # The attempts' own training is untouched: the same OAPL terms either way.
-    assert ([e.terms for e in build_examples(rows, tokenizer, settings)]
-            == [e.terms for e in build_examples(rows, tokenizer, off)])
+    # The attempts' own training is untouched: the same OAPL targets either way.
+    for a, b in zip(build_examples(rows, tokenizer, settings), build_examples(rows, tokenizer, off),
+                    strict=True):
+        assert a.terms == b.terms and a.msg.equal(b.msg) and a.adv.equal(b.adv)
+    # Without a majority the choice is taught: 2 of 4 attempts called a tool.
+    split = [_attempt(_call("x"), episode=i) for i in range(2)] + rows[:2]
+    assert demonstrated(build_examples([*split, rows[-1]], tokenizer, off)) == [
+        "message:<|im_end|>", "27<|im_end|>"]
+
+
+def test_only_the_first_choice_is_known_the_answer_after_a_call_keeps_its_choice(tokenizer):
+    """A tool reference calls, reads the result, then answers in words: most attempts
+    called the same tool first, so that call's name leaves the imitation; its arguments, and
+    the later choice to answer in words after the result, stay."""
+    result = {"role": "tool", "tool_call_id": "c", "name": "write_file", "content": "written"}
+    done = {"role": "assistant", "content": "Done.", "choice": "message"}
+    reference = {**_reference(_call("b"), "t:1"), "advantages": [None] * 5, "imitate": [2, 4]}
+    reference["messages"] = [*reference["messages"], result, done]
+    rows = [*(_attempt(_call("a"), "t:1", i) for i in range(3)), reference]
+    off = Settings(max_tokens=2048, imitate_known_choices=False)
+    tools_view = next(e for e in build_examples(rows, tokenizer, off)
+                      if bool(e.demo.any()) and bool(e.head.any()))
+    assert tokenizer.decode(tools_view.ids[tools_view.demo]) == (
+        '{"path": "b"}<|im_end|>message:<|im_end|>')
 
 
 def test_a_known_call_keeps_its_arguments_imitated(tokenizer):

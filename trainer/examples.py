@@ -4,24 +4,27 @@ and the padded micro-batch tensors ``trainer.train`` computes on.
 
 **A choice the attempts already made** (``train.imitate_known_choices``). Under a tool list
 a demonstration's first action starts with a choice: answer in words (``message:`` and
-the end after it) or call a tool (``functions.NAME:``). Where every attempt of its practice
+the end after it) or call a tool (``functions.NAME:``). Where most attempts of its practice
 group made that same first choice, the model needed the reference for its words or its
 arguments, not for the choice; imitated anyway, the choice is taught to prompts that never
 asked for it (the references of two word-answer families taught a night to answer its tool
 prompts in words: docs/learning.md). With the setting off, such a choice is left out of the
-imitation (``known_choices``); a group where some attempt chose otherwise keeps it."""
+imitation (``known_choices``); a group where at most half chose it keeps it. Most, not all:
+attempts are sampled at practice's temperature, and one stray call among four answers in
+words says little about the greedy choice the held-out answers make."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from core.storage.events import REFERENCE
-from trainer.tokens import ACTION, OBSERVATION, render_row
+from trainer.tokens import ACTION, OBSERVATION, chose_words, render_row
 
 
 class Rendering(Protocol):
@@ -71,9 +74,10 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> lis
 
 
 def known_choices(rows: list[dict]) -> dict[int, set[int]]:
-    """Row index -> the demonstrated message whose choice under the tool list every
-    attempt of the row's practice group made too (the module's doc): only a reference's
-    first action, and only where its group has attempts."""
+    """Row index -> the demonstrated message whose choice under the tool list most attempts
+    of the row's practice group made too (the module's doc): only a reference's first
+    action, and only where its group has attempts. Attempts of any split vote: the vote
+    reads what the model chose, not what it is trained on."""
     chosen: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     references = []
     for i, row in enumerate(rows):
@@ -107,12 +111,16 @@ def _first_action(row: dict) -> int | None:
 
 
 def _choice(message: dict) -> tuple[str, ...]:
-    """An assistant message's choice under a tool list: words, or the tools it called."""
+    """An assistant message's choice under a tool list: words, the tools it called, or none
+    (text that was no choice of words: a bare call head, call syntax that failed, a step
+    sent without tools), which matches no reference."""
     calls = message.get("tool_calls") or []
-    return tuple(c["function"]["name"] for c in calls) if calls else ("message",)
+    if calls:
+        return tuple(c["function"]["name"] for c in calls)
+    return ("message",) if chose_words(message) else ()
 
 
-def _example(seq: Any, known: set[int] = frozenset()) -> Example:
+def _example(seq: Any, known: AbstractSet[int] = frozenset()) -> Example:
     slots = {m: s for s, m in enumerate(sorted(seq.advantages))}
     kinds = torch.tensor(seq.kinds)
     msg = torch.tensor([slots.get(m, -1) if k == ACTION else -1

@@ -26,7 +26,7 @@ class Settings:
     imitation: float = _TRAIN.imitation  # weight of the demonstrations' cross-entropy
     # What the demonstrations' cross-entropy averages over (trainer.losses.imitation_loss).
     imitation_per: Literal["sequence", "token", "choice"] = _TRAIN.imitation_per
-    # Imitate a reference's choice its attempts all made too (trainer.examples.known_choices).
+    # Imitate a reference's choice most of its attempts made too (trainer.examples.known_choices).
     imitate_known_choices: bool = _TRAIN.imitate_known_choices
     lr: float = _TRAIN.lr  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
     schedule: str = _TRAIN.schedule

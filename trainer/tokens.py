@@ -198,7 +198,8 @@ def _assistant_as_rendered(sent: dict, tools: list[dict], i: int) -> list[_Segme
     return segs
 
 
-def _chose_words(message: dict) -> bool:
+def chose_words(message: dict) -> bool:
+    """Whether a text answer was the model's choice under the tool list (the step's meta)."""
     return message.get("choice") == "message" and not message.get("tool_calls")
 
 
@@ -269,7 +270,7 @@ def action_messages(messages: list[dict], tools: list[dict] | None, view: str,
                   if m.get("role") == "assistant" and i not in harness]
     if view == "tools":
         return {i for i in assistants
-                if messages[i].get("tool_calls") or _chose_words(messages[i])} if tools else set()
+                if messages[i].get("tool_calls") or chose_words(messages[i])} if tools else set()
     if view == "plain":
         return {i for i in assistants if not (tools and messages[i].get("tool_calls"))}
     raise ValueError(f"view must be 'tools' or 'plain', not {view!r}")

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
     parser.add_argument("--imitate-known-choices", action=argparse.BooleanOptionalAction,
                         default=defaults.imitate_known_choices,
                         help="also imitate a reference's choice under the tool list where "
-                             "every attempt of its group made it too (trainer.examples)")
+                             "most attempts of its group made it too (trainer.examples)")
     parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
                         help="the learning rate over the steps (trainer.lr_schedule)")
     parser.add_argument("--chat-format", default=defaults.chat_format,

@@ -116,7 +116,7 @@ class TrainConfig(_Section):
     )
     imitate_known_choices: bool = Field(
         True, description="also imitate a reference's choice under the tool list (words or "
-        "which tool) where every attempt of its group made it too (trainer.examples)"
+        "which tool) where most attempts of its group made it too (trainer.examples)"
     )
     lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
     schedule: Literal["constant", "linear", "cosine"] = Field(
