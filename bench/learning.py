@@ -15,6 +15,8 @@ bootstrap over the held-out items, resampling days: ``bench/intervals.py``).
 refused it, so that the next one trains on top of it), a new day of practice on new
 items of the same families, night k, and the same held-out items again; after each
 night a table of what it added to the one before, and of all of them against "before".
+With ``--keep``, the chained nights' answers are kept beside the first night's, and
+``--tabulate DIR/day-1 DIR/day-2 ...`` pools those tables over kept days.
 
 Steps, all through the real agent, llama.cpp server, sandbox and trainer:
 

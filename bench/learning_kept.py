@@ -8,7 +8,7 @@ import shlex
 import time
 from pathlib import Path
 
-from learning_table import comparison, days_of, header, pooled_comparison, table
+from learning_table import chain_table, comparison, days_of, header, pooled_comparison, table
 
 SETS = "sets"  # in a kept day's folder: the practised and held-out items, one file a family
 DAY = "day.json"  # a kept day's "before" answers and where its practice began
@@ -16,12 +16,14 @@ NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for com
 
 
 def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
-    """Leave this night's answers beside the kept day, so later nights compare with it."""
+    """Leave this night's answers beside the kept day, so later nights compare with it, and
+    those of the nights chained after it (``--nights``), so ``--tabulate`` pools them."""
     out = folder / NIGHTS
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
+    chain = [{"after": c.get("after") or {}} for c in result.get("chain") or []]
     path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {},
-                                "calls_after": result.get("calls_after") or {}}))
+                                "calls_after": result.get("calls_after") or {}, "chain": chain}))
     return path
 
 
@@ -30,8 +32,9 @@ def kept_result(folder: Path) -> dict:
     (the first kept there), for ``--tabulate``."""
     day = json.loads((folder / "day" / DAY).read_text())
     nights = sorted((folder / NIGHTS).glob("*.json"))
-    after = json.loads(nights[0].read_text())["after"] if nights else {}
-    return {"before": day["before"], "after": after, "seed": day.get("seed")}
+    first = json.loads(nights[0].read_text()) if nights else {}
+    return {"before": day["before"], "after": first.get("after") or {},
+            "chain": first.get("chain") or [], "seed": day.get("seed")}
 
 
 def kept_after(folder: Path, number: int | None = None) -> dict:
@@ -98,12 +101,16 @@ def compare_nights(folder: Path, latest: Path, against: int | None = None
 
 def tabulated(folders: list[Path], families: list[str], argv: list[str],
               versus: list[Path] | None = None, against: int | None = None) -> str:
-    """``--tabulate``: the kept days' table, each day with its own first night; with
+    """``--tabulate``: the kept days' table, each day with its own first night, and the
+    nights chained after it (``--nights``) pooled over the days that kept them; with
     ``versus``, also each day's night against the matching day's there, pooled (a
     ValueError, before anything is printed, when the days do not match)."""
-    days = days_of([kept_result(d) for d in folders])
+    results = [kept_result(d) for d in folders]
+    days = days_of(results)
     families = [f for f in families if all(f in d for d in days)]
     parts = [header(argv, []), table(days, families)]
+    chained = max((len(r["chain"]) for r in results), default=0)
+    parts += [chain_table(results, families, k) for k in range(2, chained + 2)]
     if versus:
         pairs = versus_pairs(folders, versus, against)
         night = "the first night" if against is None else f"night #{against}"

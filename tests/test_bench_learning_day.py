@@ -227,7 +227,28 @@ def test_a_kept_day_is_read_back_with_its_own_first_night_for_the_table(tmp_path
     learning.keep_night(tmp_path, {"after": {"a": [1.0, 1.0]}}, ["--keep", "x"])
     learning.keep_night(tmp_path, {"after": {"a": [0.0, 0.0]}}, ["--day", "x", "--lr", "2"])
     result = kept.kept_result(tmp_path)
-    assert result == {"before": {"a": [0.0, 1.0]}, "after": {"a": [1.0, 1.0]}, "seed": 4}
+    assert result == {"before": {"a": [0.0, 1.0]}, "after": {"a": [1.0, 1.0]}, "chain": [],
+                      "seed": 4}
+
+
+def test_kept_days_chained_nights_are_kept_and_tabulated_pooled_over_the_days(tmp_path):
+    """--nights 2 --keep: night 2's answers stay beside night 1's, so --tabulate pools what
+    night 2 added over several kept days (the bench printed it only day by day)."""
+    folders = []
+    for i, (first, second) in enumerate([([1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]),
+                                         ([0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0])]):
+        folder = tmp_path / f"day-{i + 1}"
+        (folder / "day").mkdir(parents=True)
+        (folder / "day" / learning.DAY).write_text(json.dumps(
+            {"since": 1.0, "before": {"a": [0.0, 0.0, 0.0, 0.0]}, "after": {}, "seed": i}))
+        learning.keep_night(folder, {"after": {"a": first}, "chain": [{"after": {"a": second},
+                                                                      "release": 7}]}, [])
+        folders.append(folder)
+    assert kept.kept_result(folders[0])["chain"] == [{"after": {"a": [1.0, 1.0, 0.0, 0.0]}}]
+    text = kept.tabulated(folders, ["a"], ["--tabulate"])
+    assert "| a | 0.0 | 12.5 | +12.5 | [" in text  # night 1 against before, both days
+    added = text.split("Night 2 against night 1 (what it added):")[1]
+    assert "| a | 12.5 | 62.5 | +50.0 | [" in added and "2 day(s)" in added
 
 
 def test_two_settings_kept_days_are_compared_item_by_item_on_the_same_items(tmp_path):
