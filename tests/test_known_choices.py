@@ -79,8 +79,8 @@ def tokenizer():
 
 def test_the_known_choice_leaves_the_imitation_and_the_words_stay(tokenizer):
     rows = [*(_attempt(WORDS, episode=i) for i in range(3)), _reference(REFERENCE_WORDS)]
-    settings = Settings(max_tokens=2048)
-    assert settings.imitate_known_choices  # the default imitates every choice
+    settings = Settings(max_tokens=2048, imitate_known_choices=True)
+    assert not Settings().imitate_known_choices  # the default leaves known choices out
 
     def demonstrated(examples) -> list[str]:
         return [tokenizer.decode(e.ids[e.demo]) for e in examples if bool(e.demo.any())]

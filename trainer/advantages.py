@@ -47,8 +47,10 @@ is the words, and by default (``train.imitation_per = "sequence"``) each
 sequence's loss is normalised by its own length, so the choices weigh as much as
 the answer. That was intended: the embedded model, offered tools, called one for
 "What is 3 times 9?". Per token, a tool demonstration's call weighs as much as
-those choices do. With ``train.imitate_known_choices`` off, a reference's first choice
-that most of its group's attempts made too is not imitated (``trainer.examples``).
+those choices do. A reference's first choice that most of its group's attempts made too
+is not imitated (``train.imitate_known_choices``, off by default: ``trainer.examples``):
+the arithmetic and protocol references' choice to answer in words, which their attempts all
+made, was what taught the tool prompts to answer in words.
 """
 
 from __future__ import annotations

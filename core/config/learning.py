@@ -115,7 +115,7 @@ class TrainConfig(_Section):
         'or "choice" (each demonstration\'s choice under the tool list, and its words, apart)'
     )
     imitate_known_choices: bool = Field(
-        True, description="also imitate a reference's choice under the tool list (words or "
+        False, description="also imitate a reference's choice under the tool list (words or "
         "which tool) where most attempts of its group made it too (trainer.examples)"
     )
     lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
