@@ -100,7 +100,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
     for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "imitate_known_choices",
-                "min_steps", "max_epochs", "batch", "schedule", "warmup_steps", "stop_split", "stop_every"):
+                "min_steps", "max_epochs", "batch", "schedule", "warmup_steps", "stop_split",
+                "stop_every"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {

@@ -49,8 +49,8 @@ the answer. That was intended: the embedded model, offered tools, called one for
 "What is 3 times 9?". Per token, a tool demonstration's call weighs as much as
 those choices do. A reference's first choice that most of its group's attempts made too
 is not imitated (``train.imitate_known_choices``, off by default: ``trainer.examples``):
-the arithmetic and protocol references' choice to answer in words, which their attempts all
-made, was what taught the tool prompts to answer in words.
+imitated, the arithmetic and protocol references' choice to answer in words, which their
+attempts made anyway, taught the tool prompts to answer in words on two of three kept days.
 """
 
 from __future__ import annotations

@@ -10,11 +10,11 @@ arguments, not for the choice; imitated anyway, the choice is taught to prompts 
 asked for it. With the setting off (the default), such a choice is left out of the
 imitation (``known_choices``); a group where at most half chose it keeps it. On the kept
 four-family days that kept the tool prompts' calls (30, 8 and 40 of 40 held-out answers
-called a tool after the night, against 0, 12 and 32 with every choice imitated: on two
-of the three days the arithmetic and protocol references, whose attempts answered in
-words, had taught the tool prompts to answer in words too; docs/learning.md). Most, not all: attempts are
-sampled at practice's temperature, and one stray call among four answers in words says
-little about the greedy choice the held-out answers make."""
+called a tool after the night, against 0, 12 and 32 with every choice imitated: on two of
+the three days the arithmetic and protocol references, whose attempts answered in words,
+had taught the tool prompts to answer in words too; docs/learning.md). Most, not all:
+attempts are sampled at practice's temperature, and one stray call among four answers in
+words says little about the greedy choice the held-out answers make."""
 
 from __future__ import annotations
 
