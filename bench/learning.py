@@ -304,12 +304,13 @@ async def show(line: str) -> None:
 def main() -> None:
     parser = arguments(__doc__.split("\n")[0])
     args = parser.parse_args()
-    if args.versus and not args.tabulate:
-        parser.error("--versus compares kept days: use it with --tabulate")
+    if (args.versus or args.night is not None) and not args.tabulate:
+        parser.error(f"{'--versus' if args.versus else '--night'} reads kept days: use it "
+                     "with --tabulate")
     if args.tabulate:
         try:
             print(tabulated(args.tabulate, args.families or list(FAMILIES), sys.argv[1:],
-                            args.versus, args.against))
+                            args.versus, args.against, args.night))
         except ValueError as error:
             parser.error(str(error))
         return

@@ -27,14 +27,17 @@ def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
     return path
 
 
-def kept_result(folder: Path) -> dict:
+def kept_result(folder: Path, number: int | None = None) -> dict:
     """A day kept by ``--keep`` as a result: its answers before, and after its own night
-    (the first kept there), for ``--tabulate``."""
+    (the first kept there, or the night kept as ``number``), for ``--tabulate``."""
     day = json.loads((folder / "day" / DAY).read_text())
-    nights = sorted((folder / NIGHTS).glob("*.json"))
-    first = json.loads(nights[0].read_text()) if nights else {}
-    return {"before": day["before"], "after": first.get("after") or {},
-            "chain": first.get("chain") or [], "seed": day.get("seed")}
+    if number is None:
+        path = next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
+    elif (path := kept_night(folder, number)) is None:
+        raise ValueError(f"no night #{number} is kept in {folder / NIGHTS}")
+    night = json.loads(path.read_text()) if path else {}
+    return {"before": day["before"], "after": night.get("after") or {},
+            "chain": night.get("chain") or [], "seed": day.get("seed")}
 
 
 def kept_after(folder: Path, number: int | None = None) -> dict:
@@ -49,24 +52,25 @@ def kept_after(folder: Path, number: int | None = None) -> dict:
     return json.loads(path.read_text())["after"]
 
 
-def versus_pairs(folders: list[Path], others: list[Path], number: int | None = None
-                 ) -> list[tuple[dict, dict]]:
+def versus_pairs(folders: list[Path], others: list[Path], number: int | None = None,
+                 mine: int | None = None) -> list[tuple[dict, dict]]:
     """Two settings, each run with ``--days --keep`` from the same ``--seed``: each day's
-    (other setting's night, this one's first night) answers, to compare item by item. The
+    (other setting's night ``number``, this one's first night or night ``mine``) answers,
+    to compare item by item. The
     days are matched by their held-out items, which must be the same files."""
     if len(folders) != len(others):
         raise ValueError(f"{len(folders)} kept days against {len(others)}: give one of each "
                          "setting's days for every day, in the same order")
     pairs = []
     for folder, other in zip(folders, others):
-        mine, theirs = (sorted(p.name for p in (f / SETS).glob("*-heldout.jsonl"))
-                        for f in (folder, other))
-        if not mine or mine != theirs or any(
+        here, there = (sorted(p.name for p in (f / SETS).glob("*-heldout.jsonl"))
+                       for f in (folder, other))
+        if not here or here != there or any(
                 (folder / SETS / n).read_bytes() != (other / SETS / n).read_bytes()
-                for n in mine):
+                for n in here):
             raise ValueError(f"{folder} and {other} do not hold the same held-out items: "
                              "keep both settings' days with the same --seed and families")
-        pairs.append((kept_after(other, number), kept_after(folder)))
+        pairs.append((kept_after(other, number), kept_after(folder, mine)))
     return pairs
 
 
@@ -100,20 +104,21 @@ def compare_nights(folder: Path, latest: Path, against: int | None = None
 
 
 def tabulated(folders: list[Path], families: list[str], argv: list[str],
-              versus: list[Path] | None = None, against: int | None = None) -> str:
-    """``--tabulate``: the kept days' table, each day with its own first night, and the
-    nights chained after it (``--nights``) pooled over the days that kept them; with
-    ``versus``, also each day's night against the matching day's there, pooled (a
-    ValueError, before anything is printed, when the days do not match)."""
-    results = [kept_result(d) for d in folders]
+              versus: list[Path] | None = None, against: int | None = None,
+              night: int | None = None) -> str:
+    """``--tabulate``: the kept days' table, each day with its own first night (or the one
+    kept as ``night``), and the nights chained after it (``--nights``) pooled over the days
+    that kept them; with ``versus``, also each day's night against the matching day's
+    there, pooled (a ValueError, before anything is printed, when the days do not match)."""
+    results = [kept_result(d, night) for d in folders]
     days = days_of(results)
     families = [f for f in families if all(f in d for d in days)]
     parts = [header(argv, []), table(days, families)]
     chained = max((len(r["chain"]) for r in results), default=0)
     parts += [chain_table(results, families, k) for k in range(2, chained + 2)]
     if versus:
-        pairs = versus_pairs(folders, versus, against)
-        night = "the first night" if against is None else f"night #{against}"
+        pairs = versus_pairs(folders, versus, against, night)
+        theirs = "the first night" if against is None else f"night #{against}"
         parts.append(pooled_comparison(pairs, families, earlier=(
-            f"{night} of the days in {', '.join(map(str, versus))}")))
+            f"{theirs} of the days in {', '.join(map(str, versus))}")))
     return "\n\n".join(parts)

@@ -231,6 +231,24 @@ def test_a_kept_day_is_read_back_with_its_own_first_night_for_the_table(tmp_path
                       "seed": 4}
 
 
+def test_a_later_night_kept_on_the_days_is_tabulated_against_the_days_before(tmp_path):
+    """--tabulate DIRS --night N: the table of night N kept on each day (a setting rerun with
+    --day), not the day's first night; a night some day lacks is refused by name."""
+    folders = []
+    for i in range(2):
+        folder = tmp_path / f"day-{i + 1}"
+        (folder / "day").mkdir(parents=True)
+        (folder / "day" / learning.DAY).write_text(json.dumps(
+            {"since": 1.0, "before": {"a": [0.0, 0.0, 0.0, 0.0]}, "after": {}, "seed": i}))
+        learning.keep_night(folder, {"after": {"a": [1.0, 0.0, 0.0, 0.0]}}, [])
+        learning.keep_night(folder, {"after": {"a": [1.0, 1.0, 1.0, 0.0]}}, ["--day"])
+        folders.append(folder)
+    assert "| a | 0.0 | 25.0 | +25.0 | [" in kept.tabulated(folders, ["a"], [])
+    assert "| a | 0.0 | 75.0 | +75.0 | [" in kept.tabulated(folders, ["a"], [], night=1)
+    with pytest.raises(ValueError, match="no night #2 is kept in"):
+        kept.tabulated(folders, ["a"], [], night=2)
+
+
 def test_kept_days_chained_nights_are_kept_and_tabulated_pooled_over_the_days(tmp_path):
     """--nights 2 --keep: night 2's answers stay beside night 1's, so --tabulate pools what
     night 2 added over several kept days (the bench printed it only day by day)."""
