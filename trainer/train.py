@@ -288,7 +288,9 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         seen += event["tokens"]
         history.append(event)
         step_s = sum(h["seconds"] for h in history) / len(history)
-        steps = affordable_steps(steps, step, time.perf_counter() - started,
+        # Capped by the plan, not by the last cut: a first step that paid for pi_lag (or an
+        # earlier night's stale rate) must not cut the night for good once steps speed up.
+        steps = affordable_steps(planned, step, time.perf_counter() - started,
                                  settings.time_budget_s, step_s)
         bar.total = steps
         bar.update(1)
