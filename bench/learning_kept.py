@@ -56,8 +56,8 @@ def versus_pairs(folders: list[Path], others: list[Path], number: int | None = N
                  mine: int | None = None) -> list[tuple[dict, dict]]:
     """Two settings, each run with ``--days --keep`` from the same ``--seed``: each day's
     (other setting's night ``number``, this one's first night or night ``mine``) answers,
-    to compare item by item. The
-    days are matched by their held-out items, which must be the same files."""
+    to compare item by item. The days are matched by their held-out items, which must be
+    the same files."""
     if len(folders) != len(others):
         raise ValueError(f"{len(folders)} kept days against {len(others)}: give one of each "
                          "setting's days for every day, in the same order")
