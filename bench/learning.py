@@ -79,7 +79,7 @@ from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
-    DAY, NIGHTS, SETS, compare_nights, keep_night, kept_night, night_number, tabulated)
+    DAY, SETS, compare_nights, keep_night, kept_night, missing_night, tabulated)
 from learning_args import DEFAULT_FAMILIES, arguments  # noqa: E402
 from learning_report import report, tool_calls  # noqa: E402
 from learning_steps import evaluate, night  # noqa: E402
@@ -331,10 +331,7 @@ def main() -> None:
                          "with --day")
         for folder in args.day:
             if kept_night(folder.resolve(), args.against) is None:
-                numbers = sorted(map(night_number, (folder / NIGHTS).glob("*.json")),
-                                 key=lambda n: int(n) if n.isdigit() else -1)
-                parser.error(f"no night #{args.against} is kept in {folder / NIGHTS} (kept: "
-                             f"{', '.join(numbers) or 'none'})")
+                parser.error(missing_night(folder, args.against))
     if args.day:
         args.days = len(args.day)  # one night on each kept day
     elif args.days is None:

@@ -82,7 +82,8 @@ def arguments(description: str) -> argparse.ArgumentParser:
                         "that a run cut short still gives its figure")
     parser.add_argument("--night", type=int, metavar="N", help="with --tabulate: each day's "
                         "night kept as number N (the -N ending its file in DIR/nights) instead "
-                        "of its first, e.g. a later setting's nights rerun with --day")
+                        "of its first, e.g. a later setting's nights rerun with --day (not "
+                        "--nights, which chains nights)")
     parser.add_argument("--versus", type=Path, nargs="+", metavar="DIR", help="with "
                         "--tabulate: also compare each tabulated day's night, item by item, "
                         "with the night of the matching day here (another setting's days, "

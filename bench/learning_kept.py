@@ -34,7 +34,7 @@ def kept_result(folder: Path, number: int | None = None) -> dict:
     if number is None:
         path = next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
     elif (path := kept_night(folder, number)) is None:
-        raise ValueError(f"no night #{number} is kept in {folder / NIGHTS}")
+        raise ValueError(missing_night(folder, number))
     night = json.loads(path.read_text()) if path else {}
     return {"before": day["before"], "after": night.get("after") or {},
             "chain": night.get("chain") or [], "seed": day.get("seed")}
@@ -47,17 +47,17 @@ def kept_after(folder: Path, number: int | None = None) -> dict:
     else:
         path = kept_night(folder, number)
     if path is None:
-        raise ValueError(f"no night {'' if number is None else f'#{number} '}is kept in "
-                         f"{folder / NIGHTS}")
+        raise ValueError(f"no night is kept in {folder / NIGHTS}" if number is None
+                         else missing_night(folder, number))
     return json.loads(path.read_text())["after"]
 
 
-def versus_pairs(folders: list[Path], others: list[Path], number: int | None = None,
-                 mine: int | None = None) -> list[tuple[dict, dict]]:
+def versus_pairs(folders: list[Path], others: list[Path], against: int | None = None,
+                 night: int | None = None) -> list[tuple[dict, dict]]:
     """Two settings, each run with ``--days --keep`` from the same ``--seed``: each day's
-    (other setting's night ``number``, this one's first night or night ``mine``) answers,
-    to compare item by item. The days are matched by their held-out items, which must be
-    the same files."""
+    (other setting's first night or night ``against``, this one's first night or night
+    ``night``) answers, to compare item by item. The days are matched by their held-out
+    items, which must be the same files."""
     if len(folders) != len(others):
         raise ValueError(f"{len(folders)} kept days against {len(others)}: give one of each "
                          "setting's days for every day, in the same order")
@@ -70,7 +70,7 @@ def versus_pairs(folders: list[Path], others: list[Path], number: int | None = N
                 for n in here):
             raise ValueError(f"{folder} and {other} do not hold the same held-out items: "
                              "keep both settings' days with the same --seed and families")
-        pairs.append((kept_after(other, number), kept_after(folder, mine)))
+        pairs.append((kept_after(other, against), kept_after(folder, night)))
     return pairs
 
 
@@ -83,6 +83,13 @@ def kept_night(folder: Path, number: int) -> Path | None:
     """The night kept in ``folder`` with this number."""
     return next((p for p in sorted((folder / NIGHTS).glob("*.json"))
                  if night_number(p) == str(number)), None)
+
+
+def missing_night(folder: Path, number: int) -> str:
+    """The error for a night ``folder`` does not keep, with the numbers it does keep."""
+    numbers = sorted(map(night_number, (folder / NIGHTS).glob("*.json")),
+                     key=lambda n: int(n) if n.isdigit() else -1)
+    return f"no night #{number} is kept in {folder / NIGHTS} (kept: {', '.join(numbers) or 'none'})"
 
 
 def compare_nights(folder: Path, latest: Path, against: int | None = None

@@ -245,8 +245,16 @@ def test_a_later_night_kept_on_the_days_is_tabulated_against_the_days_before(tmp
         folders.append(folder)
     assert "| a | 0.0 | 25.0 | +25.0 | [" in kept.tabulated(folders, ["a"], [])
     assert "| a | 0.0 | 75.0 | +75.0 | [" in kept.tabulated(folders, ["a"], [], night=1)
-    with pytest.raises(ValueError, match="no night #2 is kept in"):
+    with pytest.raises(ValueError, match=r"no night #2 is kept in .* \(kept: 0, 1\)"):
         kept.tabulated(folders, ["a"], [], night=2)
+    for folder in folders:  # --versus needs the days' held-out items to match
+        (folder / learning.SETS).mkdir()
+        (folder / learning.SETS / "a-heldout.jsonl").write_text("q1\n")
+    # Night 1 against night 0 of the same days, item by item.
+    assert kept.versus_pairs(folders, folders, 0, 1)[0] == (
+        {"a": [1.0, 0.0, 0.0, 0.0]}, {"a": [1.0, 1.0, 1.0, 0.0]})
+    paired = kept.tabulated(folders, ["a"], [], folders, 0, 1).split("night #0 of the days")[1]
+    assert "| a | 25.0 | 75.0 | +50.0 | [" in paired
 
 
 def test_kept_days_chained_nights_are_kept_and_tabulated_pooled_over_the_days(tmp_path):

@@ -4,10 +4,11 @@
 The night gives training the seconds its budget leaves (``trainer.sleep``: the budget
 less the time already spent and what the export and the gate took last time). Before
 the first step, a tokens/s measured on an earlier night (same machine) estimates a
-step's time from its tokens; after each step, this night's own mean step time
-replaces the estimate, capped by the planned steps each time, so a slow first step
-does not cut the night for good (the first steps also pay for pi_lag's pass, so it
-errs towards fewer steps). Pure arithmetic: ``trainer.train`` calls it.
+step's time from its tokens: the most steps the night may take, and the length of its
+learning-rate schedule. After each step, this night's own mean step time decides how
+many of those it takes, asked afresh each time, so slow early steps do not cut the
+night for good (the first steps also pay for pi_lag's pass, so it errs towards fewer
+steps). Pure arithmetic: ``trainer.train`` calls it.
 """
 
 from __future__ import annotations

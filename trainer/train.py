@@ -26,8 +26,9 @@ match by +24 pp), a small night's batches shrinking rather than repeating it pas
 
 **Budget.** With ``time_budget_s`` (the night's ``night.budget_s`` less its other
 stages) a night that would run past it trains fewer steps, and says so
-(``TrainResult.budget_note``): before the first step by an earlier night's tokens/s,
-after each by this night's mean step time (``trainer.budget``).
+(``TrainResult.budget_note``): before the first step an earlier night's tokens/s sets
+the most steps it may take and the learning-rate schedule's length; after each step
+this night's mean step time decides how many of those it takes (``trainer.budget``).
 
 **Stopping on evidence.** With ``stop_split`` > 0 that share of the mixed practice
 groups is held out of training and scored every ``stop_every`` steps; the night keeps
@@ -272,8 +273,11 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     history, seen = [], 0
     planned = steps
     tokens_per_step = batch * sum(len(e.ids) for e in examples) / len(examples)
-    steps = estimated_steps(planned, tokens_per_step, settings.expected_tokens_per_s,
-                            _left(settings, started))
+    # The schedule's length, fixed before the first step (so the rate never rises again):
+    # the steps an earlier night's rate says fit. After each step, this night's own step
+    # time decides how many of them it runs (``trainer.budget``).
+    horizon = steps = estimated_steps(planned, tokens_per_step, settings.expected_tokens_per_s,
+                                      _left(settings, started))
     show = settings.progress and accelerator.is_local_main_process
     bar = tqdm(total=steps, desc="train", disable=not show)
     order = batches(len(examples), settings, accelerator.num_processes)
@@ -281,16 +285,16 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     while step < steps:
         chosen, weight = next(order)
         step += 1
-        _set_rate(optimizer, settings.lr * lr_factor(step - 1, steps, settings.schedule,
+        _set_rate(optimizer, settings.lr * lr_factor(step - 1, horizon, settings.schedule,
                                                      settings.warmup_steps))
         event = {"step": step, "steps": steps, "lr": optimizer.param_groups[0]["lr"],
                  **_train_step(ctx, [examples[i] for i in chosen], weight)}
         seen += event["tokens"]
         history.append(event)
         step_s = sum(h["seconds"] for h in history) / len(history)
-        # Capped by the plan, not by the last cut: a first step that paid for pi_lag (or an
-        # earlier night's stale rate) must not cut the night for good once steps speed up.
-        steps = affordable_steps(planned, step, time.perf_counter() - started,
+        # Capped by the horizon, not by the last cut: slow early steps (pi_lag's pass) must
+        # not cut the night for good once its steps speed up.
+        steps = affordable_steps(horizon, step, time.perf_counter() - started,
                                  settings.time_budget_s, step_s)
         bar.total = steps
         bar.update(1)
@@ -319,7 +323,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         accelerator.unwrap_model(policy).model.save_pretrained(str(out))
-    cut = note(steps, planned, rate, settings.time_budget_s) if steps < planned else ""
+    # Only when the budget ended it: a night the stopper ended early says so in its own note.
+    cut = note(step, planned, rate, settings.time_budget_s) if step == steps < planned else ""
     return TrainResult(out, step, len(examples), seen, time.perf_counter() - started, history,
                        model, batch, planned, cut, rate, groups, stopped, stopper.checks)
 
