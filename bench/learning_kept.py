@@ -31,10 +31,7 @@ def kept_result(folder: Path, number: int | None = None) -> dict:
     """A day kept by ``--keep`` as a result: its answers before, and after its own night
     (the first kept there, or the night kept as ``number``), for ``--tabulate``."""
     day = json.loads((folder / "day" / DAY).read_text())
-    if number is None:
-        path = next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
-    elif (path := kept_night(folder, number)) is None:
-        raise ValueError(missing_night(folder, number))
+    path = night_file(folder, number)
     night = json.loads(path.read_text()) if path else {}
     return {"before": day["before"], "after": night.get("after") or {},
             "chain": night.get("chain") or [], "seed": day.get("seed")}
@@ -42,14 +39,19 @@ def kept_result(folder: Path, number: int | None = None) -> dict:
 
 def kept_after(folder: Path, number: int | None = None) -> dict:
     """The answers after the night kept in ``folder`` as ``number`` (the first, by default)."""
-    if number is None:
-        path = next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
-    else:
-        path = kept_night(folder, number)
-    if path is None:
-        raise ValueError(f"no night is kept in {folder / NIGHTS}" if number is None
-                         else missing_night(folder, number))
+    if (path := night_file(folder, number)) is None:
+        raise ValueError(f"no night is kept in {folder / NIGHTS}")
     return json.loads(path.read_text())["after"]
+
+
+def night_file(folder: Path, number: int | None = None) -> Path | None:
+    """The night kept in ``folder`` as ``number``, or its first (None when it keeps none);
+    a ValueError naming the kept numbers when ``number`` is not kept."""
+    if number is None:
+        return next(iter(sorted((folder / NIGHTS).glob("*.json"))), None)
+    if (path := kept_night(folder, number)) is None:
+        raise ValueError(missing_night(folder, number))
+    return path
 
 
 def versus_pairs(folders: list[Path], others: list[Path], against: int | None = None,

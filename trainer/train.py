@@ -273,9 +273,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     history, seen = [], 0
     planned = steps
     tokens_per_step = batch * sum(len(e.ids) for e in examples) / len(examples)
-    # The schedule's length, fixed before the first step (so the rate never rises again):
-    # the steps an earlier night's rate says fit. After each step, this night's own step
-    # time decides how many of them it runs (``trainer.budget``).
+    # The schedule's length, fixed before the first step so that the rate never rises
+    # again: the steps an earlier night's rate says fit (``trainer.budget``).
     horizon = steps = estimated_steps(planned, tokens_per_step, settings.expected_tokens_per_s,
                                       _left(settings, started))
     show = settings.progress and accelerator.is_local_main_process
