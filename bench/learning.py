@@ -112,6 +112,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         "agent": {"temperature": 0.0, "max_steps": args.max_steps,
                   "tools": args.tools or "auto"},
         "practice": {"temperature": args.temperature, "held_out_percent": 0,
+                     **({} if args.mixed_samples is None else
+                        {"mixed_samples": args.mixed_samples}),
                      "max_steps": args.practice_steps or min(args.max_steps,
                                                              Config().practice.max_steps)},
         "night": {"auto_promote": False, **({} if args.imitate_passing is None else
@@ -215,7 +217,8 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
     t = config.train
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each (seed {seed}); "
-          f"{args.samples} samples; "
+          f"{args.samples} samples ({config.practice.mixed_samples} in all where they "
+          "disagree); "
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "

@@ -25,6 +25,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--train", type=int, default=16, help="practised items a family")
     parser.add_argument("--held", type=int, default=40, help="held-out items a family")
     parser.add_argument("--samples", type=int, default=4, help="attempts per practised item")
+    parser.add_argument("--mixed-samples", type=int,
+                        help="practice.mixed_samples: attempts in all for an item whose first "
+                             "attempts disagree (default: the config's; 0 = off)")
     parser.add_argument("--temperature", type=float, default=0.8, help="practice temperature")
     parser.add_argument("--max-steps", type=int, default=Config().agent.max_steps,
                         help="agent.max_steps")

@@ -341,3 +341,66 @@ async def test_a_practice_run_needs_only_a_store_and_an_agent_not_the_runtime(tm
     assert rewards == [("a", 1.0), ("a", 1.0), ("b", 0.0), ("b", 0.0)]
     assert {e["payload"]["group"] for e in events} == {"sums:a:1", "sums:b:1"}
     assert "Mean reward 0.50 over 4 judged attempts" in summary and len(lines) == 2
+
+
+async def test_a_task_whose_attempts_disagree_gets_more_and_one_that_agrees_does_not(tmp_path):
+    # "mixed" is answered right on every other call, "steady" always wrong: only the group
+    # that holds both a pass and a failure is worth more attempts (practice.mixed_samples).
+    tasks = [{"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}},
+             {"id": "steady", "prompt": "What is 9 minus 2?", "check": {"exact": "7"}}]
+    path = tmp_path / "drill.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    asked = {"mixed": 0}
+
+    def alternating(messages, kwargs):
+        if messages[-1]["content"] == "What is 2 plus 3?":
+            asked["mixed"] += 1
+            return say("5" if asked["mixed"] % 2 else "4")
+        return say("6")
+
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    config.practice.mixed_samples = 6
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(alternating), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
+                                   "practice", file=str(path), samples=2)
+        verdicts = await rt.store.events("verifier_reward")
+        jobs = await rt.store.jobs("practice")
+    finally:
+        await rt.close()
+    attempts: dict[str, list[float]] = {}
+    for event in verdicts:
+        if not event["payload"].get("demonstration"):
+            attempts.setdefault(event["payload"]["task_id"], []).append(event["payload"]["reward"])
+    assert sorted(attempts["mixed"]) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert attempts["steady"] == [0.0, 0.0]
+    # The six attempts are one group, in six fresh channels: their mean is one baseline.
+    groups = {e["payload"]["group"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
+    channels = {e["channel_id"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
+    assert len(groups) == 1 and len(channels) == 6
+    assert "1 tasks whose first attempts disagreed got 6 in all" in answer.text, answer.text
+    assert jobs[0]["progress"]["topped_up"] == 1 and jobs[0]["args"]["mixed_samples"] == 6
+
+
+async def test_mixed_samples_at_most_samples_adds_no_attempt(tmp_path):
+    tasks = [{"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}}]
+    path = tmp_path / "drill.jsonl"
+    path.write_text(json.dumps(tasks[0]) + "\n")
+    answers = iter(["5", "4", "5", "4"])
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    config.practice.mixed_samples = 0
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(lambda m, k: say(next(answers))), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
+                                   "practice", file=str(path), samples=4)
+        verdicts = await rt.store.events("verifier_reward")
+    finally:
+        await rt.close()
+    assert sorted(e["payload"]["reward"] for e in verdicts) == [0.0, 0.0, 1.0, 1.0]
+    assert "disagreed" not in answer.text

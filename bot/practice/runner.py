@@ -4,7 +4,11 @@ Each practised task (the held-out ones never are) is attempted G times, each
 attempt in a fresh channel ``practice-<set>-<task>-<run>-<k>`` (so no attempt
 sees another's history or workspace), through the real agent and tools, at
 ``practice.temperature``: the G samples must differ for their comparison to
-teach anything. The agent is the day's own agent class (``PracticeServices.agent``) on the same
+teach anything. A task whose G attempts disagree (some passed, some did not) is given
+more, up to ``practice.mixed_samples`` in all: only such a group teaches the
+group-relative loss anything, and more of its attempts give it a steadier baseline and
+more passing attempts to learn from; a task the model always or never passes costs no
+more. The agent is the day's own agent class (``PracticeServices.agent``) on the same
 server, store, tools and channel spaces; only its temperature differs.
 
 Each attempt's verdict is stored as a channel event on its episode, which is
@@ -69,6 +73,7 @@ class _Tally:
     rewards: list[float] = field(default_factory=list)
     stopped: int = 0  # judged 0 because the turn hit a limit
     demonstrated: int = 0  # tasks no attempt passed, given their reference as an example
+    topped_up: int = 0  # tasks whose first attempts disagreed, given more (mixed_samples)
     unjudged: dict[str, int] = field(default_factory=dict)  # why -> count
 
     @property
@@ -81,12 +86,13 @@ class _Tally:
         return (f"practice #{run}: {self.done}/{self.tasks} tasks, mean reward {mean} over "
                 f"{len(self.rewards)} judged attempts ({self.stopped} stopped by a limit)"
                 + (f", {skipped} unjudged" if skipped else "")
-                + (f", {self.demonstrated} shown by example" if self.demonstrated else ""))
+                + (f", {self.demonstrated} shown by example" if self.demonstrated else "")
+                + (f", {self.topped_up} mixed given more attempts" if self.topped_up else ""))
 
     def progress(self) -> dict:
         return {"tasks_done": self.done, "tasks": self.tasks, "judged": len(self.rewards),
                 "stopped": self.stopped, "unjudged": sum(self.unjudged.values()),
-                "demonstrated": self.demonstrated,
+                "demonstrated": self.demonstrated, "topped_up": self.topped_up,
                 "mean_reward": self.mean}
 
 
@@ -120,6 +126,7 @@ async def run_practice(services: PracticeServices, path: str | Path,
     samples = services.config.practice.samples if samples is None else samples
     if not 1 <= samples <= MAX_SAMPLES:
         raise ValueError(f"--samples must be between 1 and {MAX_SAMPLES}, not {samples}")
+    more = services.config.practice.mixed_samples
     pset = await asyncio.to_thread(load_set, Path(path).expanduser())
     practised, held = pset.split(services.config.practice.held_out_percent)
     if not practised:
@@ -128,7 +135,7 @@ async def run_practice(services: PracticeServices, path: str | Path,
                             held)
     run = await services.store.create_job("practice", {
         "path": str(pset.path.resolve()), "set": pset.name, "samples": samples,
-        "practised": len(practised), "held_out": [t.id for t in held]})
+        "mixed_samples": max(more, samples), "practised": len(practised), "held_out": [t.id for t in held]})
     tally = _Tally(len(practised))
     await services.store.update_job(run, state="running", progress=tally.progress())
     agent = services.agent(services.config.practice.max_steps)
@@ -137,8 +144,11 @@ async def run_practice(services: PracticeServices, path: str | Path,
     services.rounds.add(f"practice #{run}")  # a due night waits for the run to end
     try:
         for task in practised:
-            verdicts = await asyncio.gather(*(
-                _attempt(services, workers, pset, task, run, k) for k in range(samples)))
+            verdicts = await _attempts(services, workers, pset, task, run, range(samples))
+            if _mixed(verdicts) and more > samples:
+                verdicts += await _attempts(services, workers, pset, task, run,
+                                            range(samples, more))
+                tally.topped_up += 1
             judged = [v for v in verdicts if v.judged]  # none judged: nothing was tried
             failed = judged and all(v.reward < 1 for v in judged)
             if services.config.practice.demonstrate and failed:
@@ -156,7 +166,7 @@ async def run_practice(services: PracticeServices, path: str | Path,
         services.rounds.discard(f"practice #{run}")
         await workers.close()
         await services.store.update_job(run, state=state)
-    summary = _summary(run, pset, tally, samples, len(held))
+    summary = _summary(run, pset, tally, samples, len(held), more)
     short = gate_shortfall(services.config.data_dir / "heldout",
                            services.config.night.gate_min_items)
     return summary + (f"\n{short}" if short else "")
@@ -172,6 +182,18 @@ def gate_shortfall(folder: Path, needed: int) -> str:
     return (f"The gate needs at least {needed} held-out items to decide and the practice sets "
             f"hold out {held}: it needs {needed - held} more (add tasks to the sets, or raise "
             "practice.held_out_percent). Until then the night's gate is inconclusive.")
+
+
+async def _attempts(services: PracticeServices, workers: ChannelWorkers, pset: PracticeSet,
+                    task: Task, run: int, ks: range) -> list[Verdict]:
+    return list(await asyncio.gather(*(
+        _attempt(services, workers, pset, task, run, k) for k in ks)))
+
+
+def _mixed(verdicts: list[Verdict]) -> bool:
+    """Whether the judged attempts disagree: the group-relative loss learns only from such a
+    group, and from more of its attempts the better (``practice.mixed_samples``)."""
+    return len({v.reward for v in verdicts if v.judged}) > 1
 
 
 async def _attempt(services: PracticeServices, workers: ChannelWorkers, pset: PracticeSet,
@@ -262,7 +284,8 @@ async def _tell(services: PracticeServices, line: str) -> None:
             logger.exception("practice listener failed")
 
 
-def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int) -> str:
+def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int,
+             more: int) -> str:
     mean = "n/a" if tally.mean is None else f"{tally.mean:.2f}"
     lines = [f"Practice #{run} on {pset.name}: {tally.tasks} tasks x {samples} samples "
              f"({held} held out for the gate, never practised).",
@@ -271,6 +294,9 @@ def _summary(run: int, pset: PracticeSet, tally: _Tally, samples: int, held: int
              f"{sum(tally.unjudged.values())} unjudged (excluded from training)."]
     for why, count in sorted(tally.unjudged.items(), key=lambda kv: -kv[1])[:3]:
         lines.append(f"  unjudged x{count}: {why}")
+    if tally.topped_up:
+        lines.append(f"{tally.topped_up} tasks whose first attempts disagreed got {more} in all "
+                     "(practice.mixed_samples).")
     if tally.demonstrated:
         lines.append(f"{tally.demonstrated} tasks no attempt passed got their reference answer "
                      "as an example (practice.demonstrate).")

@@ -174,6 +174,11 @@ class PracticeConfig(_Section):
                     "attempts of a task must differ to teach anything)",
     )
     samples: int = Field(4, ge=1, le=64, description="attempts per task by default (1..64)")
+    mixed_samples: int = Field(
+        8, ge=0, le=64,
+        description="attempts in all for a task whose first attempts disagree (0..64; at "
+                    "most `samples` turns it off)",
+    )
     max_steps: int = Field(
         4, ge=1, le=100, description="model calls one /practice attempt may make (1..100)"
     )
