@@ -79,7 +79,8 @@ from bot.runtime import Runtime  # noqa: E402
 from families import FAMILIES, items, write_set  # noqa: E402
 from fixtures import find_gguf, free_port  # noqa: E402
 from learning_kept import (  # noqa: E402
-    DAY, SETS, compare_nights, keep_night, kept_night, missing_night, tabulated)
+    DAY, SETS, compare_nights, keep_night, kept_night, missing_night, only_first_attempts,
+    tabulated)
 from learning_args import DEFAULT_FAMILIES, arguments  # noqa: E402
 from learning_report import report, tool_calls  # noqa: E402
 from learning_steps import evaluate, night  # noqa: E402
@@ -212,6 +213,10 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
     if kept_day:
         result, since = load_day(kept_day, work)
         seed = result.get("seed", seed)  # the kept day's items
+        if args.first_attempts:
+            marked = only_first_attempts(work / "data" / "nightshift.db", args.first_attempts)
+            print(f"--first-attempts {args.first_attempts}: {marked} later attempts left out",
+                  flush=True)
     sets = write_sets(work, args, seed)
     config = load_config(write_config(work, args))
     t = config.train
@@ -320,6 +325,9 @@ def main() -> None:
     args.families = args.families or DEFAULT_FAMILIES
     if args.day and args.keep and args.keep.resolve() in {d.resolve() for d in args.day}:
         parser.error("--day and --keep must be different directories")
+    if args.first_attempts is not None and (not args.day or args.first_attempts < 1):
+        parser.error("--first-attempts G (G >= 1) trains a kept day's night (--day DIR) on "
+                     "each group's first G attempts")
     if args.quick:
         args.train, args.held, args.samples, args.max_steps = 3, 2, 2, 3
         args.tools = args.tools or QUICK_TOOLS

@@ -28,6 +28,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--mixed-samples", type=int,
                         help="practice.mixed_samples: attempts in all for an item whose first "
                              "attempts disagree (default: the config's; 0 = off)")
+    parser.add_argument("--first-attempts", type=int,
+                        help="with --day: train on each practice group's first G attempts "
+                             "only (a day practised with --mixed-samples, as if without)")
     parser.add_argument("--temperature", type=float, default=0.8, help="practice temperature")
     parser.add_argument("--max-steps", type=int, default=Config().agent.max_steps,
                         help="agent.max_steps")

@@ -4,7 +4,9 @@ answers after, and the comparison of one night with an earlier one on the same i
 from __future__ import annotations
 
 import json
+import re
 import shlex
+import sqlite3
 import time
 from pathlib import Path
 
@@ -13,6 +15,27 @@ from learning_table import chain_table, comparison, days_of, header, pooled_comp
 SETS = "sets"  # in a kept day's folder: the practised and held-out items, one file a family
 DAY = "day.json"  # a kept day's "before" answers and where its practice began
 NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
+
+
+def only_first_attempts(db: Path, keep: int) -> int:
+    """Mark every practice attempt past its group's first ``keep`` unjudged in the kept day's
+    store ``db`` (the night leaves an unjudged attempt out), so a day practised with more
+    attempts for its mixed tasks (``practice.mixed_samples``) trains as one without them; the
+    number marked. Attempt k answered in the channel ending ``-k``; a reference's channel
+    ends ``-reference`` and stays."""
+    marked = 0
+    with sqlite3.connect(db) as connection:
+        rows = connection.execute(
+            "SELECT id, channel_id, payload FROM events WHERE kind = 'verifier_reward'").fetchall()
+        for event, channel, payload in rows:
+            number = re.search(r"-(\d+)$", channel)
+            data = json.loads(payload)
+            if number and int(number[1]) >= keep and data.get("reward") is not None:
+                data.update(reward=None, why=f"left out by --first-attempts {keep}")
+                connection.execute("UPDATE events SET payload = ? WHERE id = ?",
+                                   (json.dumps(data), event))
+                marked += 1
+    return marked
 
 
 def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:

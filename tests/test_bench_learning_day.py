@@ -314,3 +314,39 @@ def test_two_settings_kept_days_are_compared_item_by_item_on_the_same_items(tmp_
     assert "| a | 25.0 | 75.0 | +50.0 | [" in versus
     with pytest.raises(ValueError, match="do not hold the same held-out items"):
         kept.tabulated([mine], ["a"], [], [other])
+
+
+async def test_first_attempts_leaves_a_groups_later_attempts_out_of_the_night(tmp_path):
+    from core.storage.events import Event
+    from core.storage.store import Store
+    from trainer.rewards import verifier_rewards
+
+    db = tmp_path / "nightshift.db"
+    store = await Store.open(db)
+    try:
+        made = {}
+        for channel in ["practice-s-t-1-0", "practice-s-t-1-1", "practice-s-t-1-2",
+                        "practice-s-t-1-10", "practice-s-t-1-reference"]:
+            episode = await store.start_episode(channel)
+            made[channel] = episode
+            await store.add_event(channel, episode, Event.VERIFIER_REWARD,
+                                  {"reward": 1.0, "check": "exact", "task": "t",
+                                   "task_id": "t", "set": "s", "group": "s:t:1"})
+    finally:
+        await store.close()
+    assert kept.only_first_attempts(db, 2) == 2
+    store = await Store.open(db)
+    try:
+        verified = verifier_rewards(await store.events(Event.VERIFIER_REWARD))
+    finally:
+        await store.close()
+    unjudged = {c for c, e in made.items() if verified[e].reward is None}
+    assert unjudged == {"practice-s-t-1-2", "practice-s-t-1-10"}
+    assert kept.only_first_attempts(db, 2) == 0  # marked once
+
+
+def test_first_attempts_is_refused_without_a_kept_day(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--first-attempts", "4"])
+    with pytest.raises(SystemExit):
+        learning.main()
+    assert "--first-attempts G (G >= 1) trains a kept day's night" in capsys.readouterr().err
