@@ -52,7 +52,10 @@ night, not by the practice's sampling at temperature 0.8, which alone moved the
 mean by ~10 pp between runs. Every night run on a kept day leaves its answers in
 ``DIR/nights/``, and a ``--day`` run prints its paired difference from the
 previous night kept there, with its 90% interval, and with several kept days that
-difference pooled over them (resampling days, as ``--days`` does).
+difference pooled over them (resampling days, as ``--days`` does). ``--first-attempts
+G`` trains such a night on each practice group's first G attempts only, so a day whose
+mixed tasks got more attempts (``practice.mixed_samples``) is compared with itself without
+them.
 ``--quick`` runs 3 train and 2 held-out items a family, 2 samples each, at
 most 3 agent steps a turn, with 4 tools offered instead of all of them: a
 check that the path works, not a measurement.
