@@ -101,15 +101,16 @@ async def test_each_training_step_is_kept_in_the_jobs_progress(tmp_path):
                                         "echo": 0.1, "imitation": 0.2 * step,
                                         "total": 0.5 / step + 0.1,
                                         "logratio_pos": 0.01 * step, "logratio_neg": neg,
-                                        "tokens_per_s": 99.0, "grad_norm": 1.0})
+                                        "tokens_per_s": 99.0, "grad_norm": 1.0,
+                                        "seconds": 30.0 / step})
         progress = (await store.job(job_id))["progress"]
     finally:
         await store.close()
     assert progress["train_history"] == [
         {"step": 1, "lr": 1e-3, "oapl": 0.5, "echo": 0.1, "imitation": 0.2, "total": 0.6,
-         "logratio_pos": 0.01, "logratio_neg": None},
+         "logratio_pos": 0.01, "logratio_neg": None, "seconds": 30.0},
         {"step": 2, "lr": 5e-4, "oapl": 0.25, "echo": 0.1, "imitation": 0.4, "total": 0.35,
-         "logratio_pos": 0.02, "logratio_neg": -0.5}]
+         "logratio_pos": 0.02, "logratio_neg": -0.5, "seconds": 15.0}]
     assert progress["train_step"]["total"] == 0.35
 
 
@@ -445,3 +446,15 @@ def test_the_report_says_when_held_out_practice_groups_stopped_the_night():
     del night["progress"]["trained"]["stop_note"]
     assert not any(line.startswith("Stopped on evidence") for line in
                    report_text(night).splitlines())
+
+
+def test_the_report_shows_the_first_steps_time_beside_the_others():
+    from bot.night.report import training_lines
+
+    history = [{"step": 1, "oapl": 0.5, "seconds": 61.2}, {"step": 2, "oapl": 0.4, "seconds": 30.4},
+               {"step": 3, "oapl": 0.3, "seconds": 33.0}]
+    lines = training_lines({"trained": {"steps": 3}, "train_history": history})
+    assert "Step times: the first 61.2 s, the others 30.4–33.0 s." in lines
+    # A night stored before the times were kept shows no such line.
+    old = [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+    assert not any("Step times" in line for line in training_lines({"train_history": old}))

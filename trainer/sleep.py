@@ -62,7 +62,8 @@ from trainer.value import ValueMemory
 
 
 GROUPS_KEPT = 200  # mixed practice groups kept in the job's progress (the summary has all)
-HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg")
+HISTORY_KEYS = ("step", "lr", "oapl", "echo", "imitation", "total", "logratio_pos", "logratio_neg",
+                "seconds")
 
 
 def _rounded(value: object, significant: int | None = None) -> object:
@@ -244,7 +245,8 @@ class Night:
                 "logratio_pos", "logratio_neg")
         step = {k: event[k] for k in keep if k in event}
         # Every step's loss parts and log-ratios, for the night report's loss plot: a
-        # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL).
+        # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL). Its
+        # seconds show what the budget's estimate saw (the first steps pay for pi_lag).
         history = self.progress.setdefault("train_history", [])
         history.append({k: _rounded(event.get(k), 4 if k == "lr" else None) for k in HISTORY_KEYS})
         await self.set(train_step=step, train_history=history)

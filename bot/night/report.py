@@ -158,8 +158,19 @@ def training_lines(progress: dict) -> list[str]:
                        f"(last {_num(last.get(k), 3, True)})"
                        for k, label in (("logratio_pos", "positive"),
                                         ("logratio_neg", "negative")))
-    return [head, *_budget_line(trained), f"Loss (first → last step): {loss}.",
+    return [head, *_budget_line(trained), *_step_times(history),
+            f"Loss (first → last step): {loss}.",
             f"Log-ratio, mean over steps: {ratios}.", *group_lines(progress)]
+
+
+def _step_times(history: list[dict]) -> list[str]:
+    """The first step's seconds and the range of the others': the first steps also compute
+    pi_lag, and the budget judges the night by its mean step."""
+    times = [h["seconds"] for h in history if isinstance(h.get("seconds"), (int, float))]
+    if len(times) < 2:
+        return []
+    return [f"Step times: the first {_num(times[0], 1)} s, the others "
+            f"{_num(min(times[1:]), 1)}–{_num(max(times[1:]), 1)} s."]
 
 
 def _budget_line(trained: dict) -> list[str]:
