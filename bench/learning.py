@@ -120,8 +120,8 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
                         {"mixed_samples": args.mixed_samples}),
                      "max_steps": args.practice_steps or min(args.max_steps,
                                                              Config().practice.max_steps)},
-        "night": {"auto_promote": False, **({} if args.imitate_passing is None else
-                                             {"imitate_passing": args.imitate_passing})},
+        "night": {"auto_promote": False, **{key: getattr(args, key) for key in (
+            "imitate_passing", "anchor_demonstrated") if getattr(args, key) is not None}},
         "train": train,
     }
     lines = []
@@ -234,6 +234,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           + ("" if t.imitate_known_choices else "; known choices not imitated")
           + (f"; stop split {t.stop_split:g} every {t.stop_every}" if t.stop_split else "")
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
+          + ("" if config.night.anchor_demonstrated else "; shown groups not anchored")
           + (f"; the day kept in {kept_day}" if kept_day else ""),
           flush=True)
     held = {f: load_set(paths[1]) for f, paths in sets.items()}

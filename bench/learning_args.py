@@ -50,6 +50,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")
+    parser.add_argument("--anchor-demonstrated", action=argparse.BooleanOptionalAction,
+                        help="night.anchor_demonstrated: hold one failed attempt of a group "
+                             "shown by its reference at advantage 0 (default: the config's, on)")
     parser.add_argument("--min-steps", type=int, help="train.min_steps")
     parser.add_argument("--max-epochs", type=int, help="train.max_epochs: the most passes "
                         "over the night's data that min_steps may repeat it to")

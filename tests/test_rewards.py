@@ -353,6 +353,17 @@ def test_a_group_that_all_failed_is_held_by_one_attempt_and_its_reference_has_no
     assert group_relative(subtasks)["drill:t:1"] == subtasks[:4]
 
 
+def test_without_anchor_demonstrated_a_shown_group_holds_none_and_an_unshown_one_still_does():
+    """The anchor of a group shown by its reference holds the answer the reference replaces;
+    night.anchor_demonstrated = false drops it there, and only there."""
+    shown = [*(_attempt(k, -1.0) for k in range(4)), _attempt(9, 1.0, check=REFERENCE)]
+    unshown = [SubTask("c", 0, 1, "p", -1.0, 1, "verifier", f"u{k}", "python", "drill:u:1")
+               for k in range(3)]
+    off = NightConfig(anchor_demonstrated=False)
+    assert task_advantages(shown + unshown, {}, off) == {"u0": 0.0}
+    assert task_advantages(shown + unshown, {}, NightConfig()) == {"e0": 0.0, "u0": 0.0}
+
+
 def test_a_mixed_group_is_measured_against_its_attempts_mean_not_its_reference():
     subtasks = [_attempt(0, 1.0), *(_attempt(k, -1.0) for k in (1, 2, 3)),
                 _attempt(9, 1.0, check=REFERENCE)]

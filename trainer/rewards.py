@@ -233,9 +233,12 @@ def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightC
     were (bench/learning.py, one kept day; README "Measuring it"). One attempt, not
     all: each held row costs a pi_lag pass, and holding all four of a group cost
     256 s more training and lost the tool family. A demonstration has no advantage:
-    it is imitated, not trained by OAPL.
+    it is imitated, not trained by OAPL. With ``night.anchor_demonstrated`` off, a group
+    shown by its reference holds none: its anchor holds the very answer the reference
+    replaces (an arithmetic task's "28 + 15 = 33" against "43").
     """
     groups = group_relative(subtasks)
+    shown = {s.group for s in subtasks if s.check == REFERENCE and s.group}
     out = {}
     for s in subtasks:
         if s.check == REFERENCE:
@@ -243,7 +246,7 @@ def task_advantages(subtasks: list[SubTask], predictions: dict, settings: NightC
         peers = groups.get(s.group, [])  # "" (no group) is never a key
         if peers:
             if len({p.reward for p in peers}) == 1:
-                if s is peers[0]:
+                if s is peers[0] and (settings.anchor_demonstrated or s.group not in shown):
                     out[s.key] = 0.0  # the group's anchor: OAPL's KL term alone holds it
                 continue
             base_reward = sum(p.reward for p in peers) / len(peers)

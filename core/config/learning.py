@@ -63,6 +63,12 @@ class NightConfig(_Section):
                            "passed in a practice group whose attempts differ: best-of-G "
                            "fine-tuning beside OAPL"
     )
+    anchor_demonstrated: bool = Field(
+        True, description="true or false; in a practice group that all failed and got its "
+                          "reference as an example, hold the first failed attempt where it "
+                          "is (advantage 0): keeps the reference's format off other prompts, "
+                          "and also holds that task's own wrong answer"
+    )
     labels_per_person: int = Field(
         50, ge=0, description="the most episodes one person's labels decide in a night; past "
                               "it the judge decides (admins by user id and /label exempt)"
