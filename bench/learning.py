@@ -225,8 +225,9 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
     t = config.train
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each (seed {seed}); "
-          f"{args.samples} samples ({config.practice.mixed_samples} in all where they "
-          "disagree); "
+          f"{args.samples} samples"
+          + (f" ({config.practice.mixed_samples} in all where they score differently)"
+             if config.practice.mixed_samples > args.samples else "") + "; "
           f"tools: {', '.join(args.tools) or 'auto (the default)'}; max steps {args.max_steps} "
           f"({config.practice.max_steps} in practice); chat format "
           f"{args.chat_format}; lr {t.lr:g} {t.schedule}, warmup {t.warmup_steps}, "

@@ -3,6 +3,7 @@ answers after, and the comparison of one night with an earlier one on the same i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -24,14 +25,14 @@ def only_first_attempts(db: Path, keep: int) -> int:
     number marked. Attempt k answered in the channel ending ``-k``; a reference's channel
     ends ``-reference`` and stays."""
     marked = 0
-    with sqlite3.connect(db) as connection:
+    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
         rows = connection.execute(
             "SELECT id, channel_id, payload FROM events WHERE kind = 'verifier_reward'").fetchall()
         for event, channel, payload in rows:
-            number = re.search(r"-(\d+)$", channel)
+            number = re.fullmatch(r"practice-.+-(\d+)", channel)
             data = json.loads(payload)
             if number and int(number[1]) >= keep and data.get("reward") is not None:
-                data.update(reward=None, why=f"left out by --first-attempts {keep}")
+                data.update(reward=None, error=f"left out by --first-attempts {keep}")
                 connection.execute("UPDATE events SET payload = ? WHERE id = ?",
                                    (json.dumps(data), event))
                 marked += 1

@@ -448,13 +448,14 @@ def test_the_report_says_when_held_out_practice_groups_stopped_the_night():
                    report_text(night).splitlines())
 
 
-def test_the_report_shows_the_first_steps_time_beside_the_others():
+def test_the_report_shows_the_first_steps_times_beside_the_last_ones():
     from bot.night.report import training_lines
 
-    history = [{"step": 1, "oapl": 0.5, "seconds": 61.2}, {"step": 2, "oapl": 0.4, "seconds": 30.4},
-               {"step": 3, "oapl": 0.3, "seconds": 33.0}]
-    lines = training_lines({"trained": {"steps": 3}, "train_history": history})
-    assert "Step times: the first 61.2 s, the others 30.4–33.0 s." in lines
+    history = [{"step": 1, "oapl": 0.5, "seconds": 61.2}, {"step": 2, "oapl": 0.4, "seconds": 50.8},
+               {"step": 3, "oapl": 0.3, "seconds": 30.4}, {"step": 4, "oapl": 0.3, "seconds": 33.0}]
+    lines = training_lines({"trained": {"steps": 4}, "train_history": history})
+    assert "Step times: 30.4–61.2 s; the first 2 steps 56.0 s on average, the last 2 31.7 s." \
+        in lines
     # A night stored before the times were kept shows no such line.
     old = [{k: v for k, v in h.items() if k != "seconds"} for h in history]
     assert not any("Step times" in line for line in training_lines({"train_history": old}))

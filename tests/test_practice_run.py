@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from bot.commands import Caller, parse_command, run_command
 from bot.runtime import Runtime
 from core.config import Config
@@ -380,12 +382,47 @@ async def test_a_task_whose_attempts_disagree_gets_more_and_one_that_agrees_does
     # The six attempts are one group, in six fresh channels: their mean is one baseline.
     groups = {e["payload"]["group"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
     channels = {e["channel_id"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
-    assert len(groups) == 1 and len(channels) == 6
+    assert len(groups) == 1 and {c.rsplit("-", 1)[1] for c in channels} == set("012345")
     assert "1 tasks whose first attempts disagreed got 6 in all" in answer.text, answer.text
     assert jobs[0]["progress"]["topped_up"] == 1 and jobs[0]["args"]["mixed_samples"] == 6
 
 
-async def test_mixed_samples_at_most_samples_adds_no_attempt(tmp_path):
+PARTIAL_CHECK = """
+def reward(answer, workspace):
+    return {"full": 1.0, "half": 0.5}.get(answer.strip(), 0.0)
+"""
+
+
+async def test_partial_credit_is_topped_up_and_the_first_attempts_alone_decide_the_reference(
+        tmp_path):
+    # The first two attempts score 0.5 and 0: they differ, so two more are made, and one of
+    # those passes. The reference is shown all the same: none of the first two passed, and
+    # a top-up must not take a task's example away.
+    (tmp_path / "partial.py").write_text(PARTIAL_CHECK)
+    path = tmp_path / "drill.jsonl"
+    path.write_text(json.dumps({"id": "part", "prompt": "Say full.", "reference": "full",
+                                "check": {"python": "partial.py"}}) + "\n")
+    answers = iter(["half", "none", "full", "none", "full"])
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    config.practice.mixed_samples = 4
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(lambda m, k: say(next(answers))), start_server=False)
+    try:
+        await run_command(rt, Caller(0, (), "general", "console", local=True), "practice",
+                          file=str(path), samples=2)
+        verdicts = await rt.store.events("verifier_reward")
+    finally:
+        await rt.close()
+    attempts = [e for e in verdicts if not e["payload"].get("demonstration")]
+    shown = [e for e in verdicts if e["payload"].get("demonstration")]
+    assert sorted(e["payload"]["reward"] for e in attempts) == [0.0, 0.0, 0.5, 1.0]
+    assert len(shown) == 1 and shown[0]["channel_id"].endswith("-reference")
+
+
+@pytest.mark.parametrize("mixed", [0, 4])
+async def test_mixed_samples_at_most_samples_adds_no_attempt(tmp_path, mixed):
     tasks = [{"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}}]
     path = tmp_path / "drill.jsonl"
     path.write_text(json.dumps(tasks[0]) + "\n")
@@ -393,7 +430,7 @@ async def test_mixed_samples_at_most_samples_adds_no_attempt(tmp_path):
     config = Config()
     config.paths.data_dir = tmp_path / "data"
     config.practice.held_out_percent = 0
-    config.practice.mixed_samples = 0
+    config.practice.mixed_samples = mixed
     rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
                              llm=ScriptedLLM(lambda m, k: say(next(answers))), start_server=False)
     try:

@@ -246,7 +246,7 @@ class Night:
         step = {k: event[k] for k in keep if k in event}
         # Every step's loss parts and log-ratios, for the night report's loss plot: a
         # runaway negative log-ratio is the first sign of collapse (DESIGN.md, OAPL). Its
-        # seconds show what the budget's estimate saw (the first steps pay for pi_lag).
+        # seconds show what the budget's estimate saw (the first pass also pays for pi_lag).
         history = self.progress.setdefault("train_history", [])
         history.append({k: _rounded(event.get(k), 4 if k == "lr" else None) for k in HISTORY_KEYS})
         await self.set(train_step=step, train_history=history)

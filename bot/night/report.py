@@ -164,13 +164,16 @@ def training_lines(progress: dict) -> list[str]:
 
 
 def _step_times(history: list[dict]) -> list[str]:
-    """The first step's seconds and the range of the others': the first steps also compute
-    pi_lag, and the budget judges the night by its mean step."""
+    """The steps' seconds, the first half's mean beside the second's: the steps of the first
+    pass over the data also compute pi_lag for the sequences they meet, and the budget judges
+    the night by its mean step."""
     times = [h["seconds"] for h in history if isinstance(h.get("seconds"), (int, float))]
     if len(times) < 2:
         return []
-    return [f"Step times: the first {_num(times[0], 1)} s, the others "
-            f"{_num(min(times[1:]), 1)}–{_num(max(times[1:]), 1)} s."]
+    half = len(times) // 2
+    return [f"Step times: {_num(min(times), 1)}–{_num(max(times), 1)} s; the first "
+            f"{half} steps {_num(_mean(times[:half]), 1)} s on average, the last "
+            f"{len(times) - half} {_num(_mean(times[half:]), 1)} s."]
 
 
 def _budget_line(trained: dict) -> list[str]:

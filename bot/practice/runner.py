@@ -4,19 +4,20 @@ Each practised task (the held-out ones never are) is attempted G times, each
 attempt in a fresh channel ``practice-<set>-<task>-<run>-<k>`` (so no attempt
 sees another's history or workspace), through the real agent and tools, at
 ``practice.temperature``: the G samples must differ for their comparison to
-teach anything. A task whose G attempts disagree (some passed, some did not) is given
-more, up to ``practice.mixed_samples`` in all: only such a group teaches the
-group-relative loss anything, and more of its attempts give it a steadier baseline and
-more passing attempts to learn from; a task the model always or never passes costs no
-more. The agent is the day's own agent class (``PracticeServices.agent``) on the same
-server, store, tools and channel spaces; only its temperature differs.
+teach anything. A task whose G attempts scored differently (some passed, some did not,
+or a check's partial credit told them apart) is given more, numbered on from G, up to
+``practice.mixed_samples`` in all: only such a group teaches the group-relative loss
+anything, and more of its attempts give it a steadier baseline and more passing
+attempts to learn from; a task whose attempts all scored alike costs no more. The
+agent is the day's own agent class (``PracticeServices.agent``) on the same server,
+store, tools and channel spaces; only its temperature differs.
 
 Each attempt's verdict is stored as a channel event on its episode, which is
 how the night reads it:
 
 - ``verifier_reward``: ``{"reward", "check", "task", "task_id", "set",
   "group"}`` (the contract of ``trainer/rewards.py``); ``group`` is
-  ``"<set>:<task id>:<run>"``: the G attempts of one task in one run, whose
+  ``"<set>:<task id>:<run>"``: the attempts of one task in one run, whose
   mean reward is their baseline (README, "How it learns");
 - the same event with ``"reward": None`` and ``"error"`` (and ``"why"``) when
   the check crashed, timed out or returned garbage, or the turn hit a harness
@@ -25,8 +26,8 @@ how the night reads it:
 A turn stopped by a limit (steps, malformed calls) has no final answer: it is
 judged 0, a failure to learn from, not excluded.
 
-When no judged attempt of a task passed, its reference answer (``Task.reference``),
-once the task's check passes it, is recorded as one more episode of the group in a
+When none of the first G judged attempts of a task passed, its reference answer
+(``Task.reference``), once the task's check passes it, is recorded as one more episode of the group in a
 fresh channel ``...-reference``: the agent's own context, the reference as its
 answer (``bot.practice.demonstration``), and a ``verifier_reward`` of 1 with check
 ``reference``. A reference that shows tool calls has them run there first, and the
@@ -135,7 +136,7 @@ async def run_practice(services: PracticeServices, path: str | Path,
                             held)
     run = await services.store.create_job("practice", {
         "path": str(pset.path.resolve()), "set": pset.name, "samples": samples,
-        "mixed_samples": max(more, samples), "practised": len(practised), "held_out": [t.id for t in held]})
+        "mixed_samples": more, "practised": len(practised), "held_out": [t.id for t in held]})
     tally = _Tally(len(practised))
     await services.store.update_job(run, state="running", progress=tally.progress())
     agent = services.agent(services.config.practice.max_steps)
@@ -144,12 +145,15 @@ async def run_practice(services: PracticeServices, path: str | Path,
     services.rounds.add(f"practice #{run}")  # a due night waits for the run to end
     try:
         for task in practised:
-            verdicts = await _attempts(services, workers, pset, task, run, range(samples))
-            if _mixed(verdicts) and more > samples:
+            first = await _attempts(services, workers, pset, task, run, range(samples))
+            verdicts = list(first)
+            if _mixed(first) and more > samples:
                 verdicts += await _attempts(services, workers, pset, task, run,
                                             range(samples, more))
                 tally.topped_up += 1
-            judged = [v for v in verdicts if v.judged]  # none judged: nothing was tried
+            # The first attempts decide the example: more attempts never take a reference
+            # away from a task, nor give one.
+            judged = [v for v in first if v.judged]  # none judged: nothing was tried
             failed = judged and all(v.reward < 1 for v in judged)
             if services.config.practice.demonstrate and failed:
                 tally.demonstrated += await _demonstrate(services, agent, pset, task, run)
