@@ -135,3 +135,35 @@ def test_the_budget_arithmetic():
     assert affordable_steps(16, 3, 130.0, 100.0, 10.0) == 3  # over: stop now
     assert affordable_steps(8, 3, 30.0, 100.0, 10.0) == 8  # never more than planned
     assert affordable_steps(8, 3, 30.0, None, 10.0) == 8
+
+
+def test_the_budget_keeps_time_for_the_margins_pass_over_the_mixed_groups_only(
+        base_dir, tmp_path, monkeypatch):
+    """After the loop only the mixed groups' attempts are read again (an all-alike group's
+    anchor has OAPL terms too, and is not measured); the budget asked during the loop is
+    the night's less about a quarter of a step's time for each step's worth of them."""
+    from trainer import margins
+
+    anchor = attempt(9, "12", 0.0, "run-1:held")  # an all-failed group's anchor
+    read = []
+    real = margins.changes_under
+
+    def counted(policy, examples, *args):
+        read.append({e.episode for e in examples})
+        return real(policy, examples, *args)
+
+    budgets = []
+
+    def budget(planned, done, elapsed_s, budget_s, step_s):
+        budgets.append((budget_s, step_s))
+        return planned
+
+    monkeypatch.setattr(margins, "changes_under", counted)
+    monkeypatch.setattr(T, "affordable_steps", budget)
+    rows = mixed_group() + [anchor]
+    settings = T.Settings(steps=2, batch=5, micro_batch=5, progress=False, time_budget_s=100.0)
+    result = T.train(rows, base_dir, tmp_path, settings)
+    assert read == [{1, 2, 3, 4}] and len(result.groups) == 1
+    # 4 of the 5 sequences (all alike in length) are measured: 0.8 of a step's tokens.
+    for budget_s, step_s in budgets:
+        assert budget_s == pytest.approx(100.0 - 0.8 * step_s * T.MEASURE_SHARE, rel=0.05)

@@ -128,9 +128,17 @@ def changes_under(policy: Any, examples: list[Any], micro_batch: int, micro_toke
     return changes(examples, [found[id(e)] for e in examples])
 
 
+def in_mixed_groups(examples: list[Any]) -> list[Any]:
+    """The attempts of the groups with mixed rewards: all that ``measure`` reads. An
+    all-alike group's anchor has OAPL terms too, and a forward pass over it is wasted."""
+    advantages = attempt_advantages(examples)
+    return [e for e in examples
+            if _attempt(e) and e.terms and mixed(advantages.get(e.group) or {0: 0.0})]
+
+
 def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,
             pad_id: int, device: torch.device, shares: bool) -> list[dict]:
     """The night's mixed groups, measured with ``policy`` as trained."""
-    grouped = [e for e in examples if getattr(e, "group", "") and e.terms]
+    grouped = in_mixed_groups(examples)
     return group_margins(grouped, changes_under(policy, grouped, micro_batch, micro_tokens,
                                                 pad_id, device, shares))

@@ -28,7 +28,9 @@ match by +24 pp), a small night's batches shrinking rather than repeating it pas
 stages) a night that would run past it trains fewer steps, and says so
 (``TrainResult.budget_note``): before the first step an earlier night's tokens/s sets
 the most steps it may take and the learning-rate schedule's length; after each step
-this night's mean step time decides how many of those it takes (``trainer.budget``).
+this night's mean step time decides how many of those it takes (``trainer.budget``),
+keeping time for the margins' pass over the mixed groups after the loop
+(``MEASURE_SHARE``).
 
 **Stopping on evidence.** With ``stop_split`` > 0 that share of the mixed practice
 groups is held out of training and scored every ``stop_every`` steps; the night keeps
@@ -95,12 +97,17 @@ from trainer.examples import (  # noqa: F401 - re-exported
 )
 from trainer.losses import echo_loss, imitation_loss, imitation_parts, oapl_loss
 from trainer.lr_schedule import check, lr_factor
-from trainer.margins import changes_under, measure
+from trainer.margins import changes_under, in_mixed_groups, measure
 from trainer.plan import batches, plan
 from trainer.policy import Policy, micro_batches, shared_prefix, sharing
 from trainer.settings import Settings, TrainResult
 from trainer.stopping import Stopper, split
 
+# The margins' pass after the loop (no gradient, shared prefixes) costs about this share of
+# a training step's time per token: on a four-family bench night (2026-12-07) about 100 s
+# after 753 s of steps over as many tokens, 0.13; rounded up, since running past the budget
+# is worse than one step fewer.
+MEASURE_SHARE = 0.25
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -273,6 +280,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     history, seen = [], 0
     planned = steps
     tokens_per_step = batch * sum(len(e.ids) for e in examples) / len(examples)
+    measured = in_mixed_groups(examples)  # the margins' forward pass after the loop
+    measured_steps = sum(len(e.ids) for e in measured) / tokens_per_step
     # The schedule's length, fixed before the first step so that the rate never rises
     # again: the steps an earlier night's rate says fit (``trainer.budget``).
     horizon = steps = estimated_steps(planned, tokens_per_step, settings.expected_tokens_per_s,
@@ -294,7 +303,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         # Capped by the horizon, not by the last cut: slow early steps (pi_lag's pass) must
         # not cut the night for good once its steps speed up.
         steps = affordable_steps(horizon, step, time.perf_counter() - started,
-                                 settings.time_budget_s, step_s)
+                                 _less(settings.time_budget_s,
+                                       measured_steps * step_s * MEASURE_SHARE), step_s)
         bar.total = steps
         bar.update(1)
         bar.set_postfix(oapl=f"{event['oapl']:.4f}", echo=f"{event['echo']:.4f}",
@@ -311,11 +321,10 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     rate = seen / max(sum(h["seconds"] for h in history), 1e-9)
     # what the night learnt from its practice groups (trainer.margins)
     unwrapped = accelerator.unwrap_model(policy)
-    grouped = [e for e in examples if e.group and e.terms]
     shares = ctx.setdefault("shares", sharing(model))
-    fill_lag(model, unwrapped, grouped, settings, pad_id, accelerator.device, shares)
-    groups = measure(unwrapped, grouped, settings.micro_batch, settings.micro_tokens, pad_id,
-                     accelerator.device, shares) if grouped else []
+    fill_lag(model, unwrapped, measured, settings, pad_id, accelerator.device, shares)
+    groups = measure(unwrapped, measured, settings.micro_batch, settings.micro_tokens, pad_id,
+                     accelerator.device, shares) if measured else []
     # save
     accelerator.wait_for_everyone()
     out = Path(out_dir)
@@ -342,6 +351,10 @@ def _stopper(ctx: dict, held: list[Example]) -> Stopper:
 
     return Stopper(held, settings.stop_every, settings.stop_patience, measure_held,
                    ctx["trainable"])
+
+
+def _less(budget_s: float | None, seconds: float) -> float | None:
+    return None if budget_s is None else budget_s - seconds
 
 
 def _left(settings: Settings, started: float) -> float | None:
