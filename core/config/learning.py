@@ -181,7 +181,7 @@ class PracticeConfig(_Section):
     )
     samples: int = Field(4, ge=1, le=64, description="attempts per task by default (1..64)")
     mixed_samples: int = Field(
-        8, ge=0, le=64,
+        0, ge=0, le=64,
         description="attempts in all for a task whose first attempts disagree (0..64; at "
                     "most `samples` turns it off)",
     )
