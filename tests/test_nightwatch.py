@@ -79,6 +79,32 @@ async def test_a_night_whose_trainer_died_is_marked_failed_and_resumable(tmp_pat
         await rt.close()
 
 
+async def test_a_poll_while_a_night_resumes_does_not_fail_it_by_its_dead_pid(tmp_path):
+    rt = await runtime(tmp_path)
+    started = []
+    try:
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        job = await rt.store.create_job("sleep", {})
+        await rt.store.update_job(job, state="failed", pid=dead.pid, error="died")
+
+        async def launch(job_id):  # the watch polls before the new trainer is named
+            await rt.night.poll()
+            started.append(fake_trainer(job_id))
+            await rt.store.update_job(job_id, pid=started[-1].pid)
+
+        rt.night.launch = launch
+        await rt.night.resume(job)
+        await rt.night.poll()
+        got = await rt.store.job(job)
+        assert (got["state"], got["error"], got["pid"]) == ("queued", "", started[0].pid)
+    finally:
+        for child in started:
+            child.kill()
+            child.wait()
+        await rt.close()
+
+
 async def test_auto_promote_swaps_in_a_candidate_that_passed_the_gate(tmp_path):
     rt = await runtime(tmp_path, auto_promote=True)
     try:

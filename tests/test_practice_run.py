@@ -345,13 +345,33 @@ async def test_a_practice_run_needs_only_a_store_and_an_agent_not_the_runtime(tm
     assert "Mean reward 0.50 over 4 judged attempts" in summary and len(lines) == 2
 
 
+async def practise(tmp_path: Path, tasks: list[dict], script, samples: int,
+                   mixed_samples: int) -> tuple[str, list[dict], dict]:
+    """Practise ``tasks`` (none held out) with ``mixed_samples``: the summary, the verdict
+    events and the job row."""
+    path = tmp_path / "drill.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    config = Config()
+    config.paths.data_dir = tmp_path / "data"
+    config.practice.held_out_percent = 0
+    config.practice.mixed_samples = mixed_samples
+    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
+                             llm=ScriptedLLM(script), start_server=False)
+    try:
+        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
+                                   "practice", file=str(path), samples=samples)
+        verdicts = await rt.store.events("verifier_reward")
+        (job,) = await rt.store.jobs("practice")
+    finally:
+        await rt.close()
+    return answer.text, verdicts, job
+
+
 async def test_a_task_whose_attempts_disagree_gets_more_and_one_that_agrees_does_not(tmp_path):
     # "mixed" is answered right on every other call, "steady" always wrong: only the group
     # that holds both a pass and a failure is worth more attempts (practice.mixed_samples).
     tasks = [{"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}},
              {"id": "steady", "prompt": "What is 9 minus 2?", "check": {"exact": "7"}}]
-    path = tmp_path / "drill.jsonl"
-    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     asked = {"mixed": 0}
 
     def alternating(messages, kwargs):
@@ -360,19 +380,7 @@ async def test_a_task_whose_attempts_disagree_gets_more_and_one_that_agrees_does
             return say("5" if asked["mixed"] % 2 else "4")
         return say("6")
 
-    config = Config()
-    config.paths.data_dir = tmp_path / "data"
-    config.practice.held_out_percent = 0
-    config.practice.mixed_samples = 6
-    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
-                             llm=ScriptedLLM(alternating), start_server=False)
-    try:
-        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
-                                   "practice", file=str(path), samples=2)
-        verdicts = await rt.store.events("verifier_reward")
-        jobs = await rt.store.jobs("practice")
-    finally:
-        await rt.close()
+    answer, verdicts, job = await practise(tmp_path, tasks, alternating, 2, 6)
     attempts: dict[str, list[float]] = {}
     for event in verdicts:
         if not event["payload"].get("demonstration"):
@@ -383,8 +391,8 @@ async def test_a_task_whose_attempts_disagree_gets_more_and_one_that_agrees_does
     groups = {e["payload"]["group"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
     channels = {e["channel_id"] for e in verdicts if e["payload"]["task_id"] == "mixed"}
     assert len(groups) == 1 and {c.rsplit("-", 1)[1] for c in channels} == set("012345")
-    assert "1 tasks whose first attempts disagreed got 6 in all" in answer.text, answer.text
-    assert jobs[0]["progress"]["topped_up"] == 1 and jobs[0]["args"]["mixed_samples"] == 6
+    assert "1 tasks whose first attempts disagreed got 6 in all" in answer, answer
+    assert job["progress"]["topped_up"] == 1 and job["args"]["mixed_samples"] == 6
 
 
 PARTIAL_CHECK = """
@@ -399,45 +407,21 @@ async def test_partial_credit_is_topped_up_and_the_first_attempts_alone_decide_t
     # those passes. The reference is shown all the same: none of the first two passed, and
     # a top-up must not take a task's example away.
     (tmp_path / "partial.py").write_text(PARTIAL_CHECK)
-    path = tmp_path / "drill.jsonl"
-    path.write_text(json.dumps({"id": "part", "prompt": "Say full.", "reference": "full",
-                                "check": {"python": "partial.py"}}) + "\n")
+    task = {"id": "part", "prompt": "Say full.", "reference": "full",
+            "check": {"python": "partial.py"}}
     answers = iter(["half", "none", "full", "none", "full"])
-    config = Config()
-    config.paths.data_dir = tmp_path / "data"
-    config.practice.held_out_percent = 0
-    config.practice.mixed_samples = 4
-    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
-                             llm=ScriptedLLM(lambda m, k: say(next(answers))), start_server=False)
-    try:
-        await run_command(rt, Caller(0, (), "general", "console", local=True), "practice",
-                          file=str(path), samples=2)
-        verdicts = await rt.store.events("verifier_reward")
-    finally:
-        await rt.close()
+    _, verdicts, _ = await practise(tmp_path, [task], lambda m, k: say(next(answers)), 2, 4)
     attempts = [e for e in verdicts if not e["payload"].get("demonstration")]
     shown = [e for e in verdicts if e["payload"].get("demonstration")]
     assert sorted(e["payload"]["reward"] for e in attempts) == [0.0, 0.0, 0.5, 1.0]
     assert len(shown) == 1 and shown[0]["channel_id"].endswith("-reference")
 
 
-@pytest.mark.parametrize("mixed", [0, 4])
+@pytest.mark.parametrize("mixed", [0, 2, 4])
 async def test_mixed_samples_at_most_samples_adds_no_attempt(tmp_path, mixed):
-    tasks = [{"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}}]
-    path = tmp_path / "drill.jsonl"
-    path.write_text(json.dumps(tasks[0]) + "\n")
+    task = {"id": "mixed", "prompt": "What is 2 plus 3?", "check": {"exact": "5"}}
     answers = iter(["5", "4", "5", "4"])
-    config = Config()
-    config.paths.data_dir = tmp_path / "data"
-    config.practice.held_out_percent = 0
-    config.practice.mixed_samples = mixed
-    rt = await Runtime.start(config, supervisor=FakeServer(tmp_path / "m.gguf"),
-                             llm=ScriptedLLM(lambda m, k: say(next(answers))), start_server=False)
-    try:
-        answer = await run_command(rt, Caller(0, (), "general", "console", local=True),
-                                   "practice", file=str(path), samples=4)
-        verdicts = await rt.store.events("verifier_reward")
-    finally:
-        await rt.close()
+    answer, verdicts, job = await practise(tmp_path, [task], lambda m, k: say(next(answers)),
+                                           4, mixed)
     assert sorted(e["payload"]["reward"] for e in verdicts) == [0.0, 0.0, 1.0, 1.0]
-    assert "disagreed" not in answer.text
+    assert "disagreed" not in answer and job["progress"]["topped_up"] == 0

@@ -133,7 +133,7 @@ def in_mixed_groups(examples: list[Any]) -> list[Any]:
     all-alike group's anchor has OAPL terms too, and a forward pass over it is wasted."""
     advantages = attempt_advantages(examples)
     return [e for e in examples
-            if _attempt(e) and e.terms and mixed(advantages.get(e.group) or {0: 0.0})]
+            if _attempt(e) and e.terms and mixed(advantages[e.group])]
 
 
 def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,

@@ -82,8 +82,10 @@ class NightWatch:
         await self.store.update_job(job_id, pid=child.pid)
 
     async def resume(self, job_id: int) -> None:
-        """Start a failed or cancelled night again where it stopped."""
-        await self.store.update_job(job_id, state="queued", error="")
+        """Start a failed or cancelled night again where it stopped. Its dead process's pid
+        goes with its old state: a poll between the two writes would otherwise find a queued
+        night with a dead process and fail it again (seen under a loaded test suite)."""
+        await self.store.update_job(job_id, state="queued", error="", pid=0)
         await self.launch(job_id)
 
     async def poll(self) -> None:
