@@ -216,12 +216,12 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
     if kept_day:
         result, since = load_day(kept_day, work)
         seed = result.get("seed", seed)  # the kept day's items
-        if args.first_attempts:
-            marked = only_first_attempts(work / "data" / "nightshift.db", args.first_attempts)
-            print(f"--first-attempts {args.first_attempts}: {marked} later attempts left out",
-                  flush=True)
     sets = write_sets(work, args, seed)
     config = load_config(write_config(work, args))
+    if kept_day and args.first_attempts:
+        marked = await only_first_attempts(config.store_path, args.first_attempts)
+        print(f"--first-attempts {args.first_attempts}: {marked} later attempts left out",
+              flush=True)
     t = config.train
     print(f"work dir: {work}; model {args.gguf.name}; families {', '.join(args.families)}; "
           f"{args.train} train + {args.held} held-out items each (seed {seed}); "

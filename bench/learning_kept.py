@@ -3,14 +3,14 @@ answers after, and the comparison of one night with an earlier one on the same i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shlex
-import sqlite3
 import time
 from pathlib import Path
 
+from core.storage.events import Event
+from core.storage.store import Store
 from learning_table import chain_table, comparison, days_of, header, pooled_comparison, table
 
 SETS = "sets"  # in a kept day's folder: the practised and held-out items, one file a family
@@ -18,24 +18,27 @@ DAY = "day.json"  # a kept day's "before" answers and where its practice began
 NIGHTS = "nights"  # in a kept day's folder: each night's answers after, for comparisons
 
 
-def only_first_attempts(db: Path, keep: int) -> int:
-    """Mark every practice attempt past its group's first ``keep`` unjudged in the kept day's
-    store ``db`` (the night leaves an unjudged attempt out), so a day practised with more
-    attempts for its mixed tasks (``practice.mixed_samples``) trains as one without them; the
-    number marked. Attempt k answered in the channel ending ``-k``; a reference's channel
-    ends ``-reference`` and stays."""
-    marked = 0
-    with contextlib.closing(sqlite3.connect(db)) as connection, connection:
-        rows = connection.execute(
-            "SELECT id, channel_id, payload FROM events WHERE kind = 'verifier_reward'").fetchall()
-        for event, channel, payload in rows:
-            number = re.fullmatch(r"practice-.+-(\d+)", channel)
-            data = json.loads(payload)
-            if number and int(number[1]) >= keep and data.get("reward") is not None:
-                data.update(reward=None, error=f"left out by --first-attempts {keep}")
-                connection.execute("UPDATE events SET payload = ? WHERE id = ?",
-                                   (json.dumps(data), event))
+async def only_first_attempts(db: Path, keep: int) -> int:
+    """Leave every practice attempt past its group's first ``keep`` unjudged in the kept
+    day's store ``db``, by the night's contract (an episode's latest verifier event is its
+    verdict; one with no reward is left out), so a day practised with more attempts for its
+    mixed tasks (``practice.mixed_samples``) trains as one without them; the number left
+    out. Attempt k answered in the channel ending ``-k``; a reference's channel ends
+    ``-reference`` and stays."""
+    store = await Store.open(db)
+    try:
+        latest = {e["episode_id"]: e for e in await store.events(Event.VERIFIER_REWARD)
+                  if e["episode_id"] is not None}  # in id order: the last one wins
+        marked = 0
+        for episode, event in latest.items():
+            number = re.fullmatch(r"practice-.+-(\d+)", event["channel_id"])
+            if number and int(number[1]) >= keep and event["payload"].get("reward") is not None:
+                await store.add_event(event["channel_id"], episode, Event.VERIFIER_REWARD, {
+                    **event["payload"], "reward": None,
+                    "error": f"left out by --first-attempts {keep}"})
                 marked += 1
+    finally:
+        await store.close()
     return marked
 
 

@@ -334,7 +334,7 @@ async def test_first_attempts_leaves_a_groups_later_attempts_out_of_the_night(tm
                                    "task_id": "t", "set": "s", "group": "s:t:1"})
     finally:
         await store.close()
-    assert kept.only_first_attempts(db, 2) == 2
+    assert await kept.only_first_attempts(db, 2) == 2
     store = await Store.open(db)
     try:
         verified = verifier_rewards(await store.events(Event.VERIFIER_REWARD))
@@ -342,7 +342,7 @@ async def test_first_attempts_leaves_a_groups_later_attempts_out_of_the_night(tm
         await store.close()
     unjudged = {c for c, e in made.items() if verified[e].reward is None}
     assert unjudged == {"practice-s-t-1-2", "practice-s-t-1-10"}
-    assert kept.only_first_attempts(db, 2) == 0  # marked once
+    assert await kept.only_first_attempts(db, 2) == 0  # marked once
 
 
 def test_first_attempts_is_refused_without_a_kept_day(monkeypatch, capsys):

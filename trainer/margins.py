@@ -138,7 +138,7 @@ def in_mixed_groups(examples: list[Any]) -> list[Any]:
 
 def measure(policy: Any, examples: list[Any], micro_batch: int, micro_tokens: int,
             pad_id: int, device: torch.device, shares: bool) -> list[dict]:
-    """The night's mixed groups, measured with ``policy`` as trained."""
-    grouped = in_mixed_groups(examples)
-    return group_margins(grouped, changes_under(policy, grouped, micro_batch, micro_tokens,
-                                                pad_id, device, shares))
+    """The night's mixed groups, measured with ``policy`` as trained: ``examples`` are
+    ``in_mixed_groups``' (any others cost a forward pass, and ``group_margins`` drops them)."""
+    return group_margins(examples, changes_under(policy, examples, micro_batch, micro_tokens,
+                                                 pad_id, device, shares))

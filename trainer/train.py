@@ -281,15 +281,16 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     planned = steps
     tokens_per_step = batch * sum(len(e.ids) for e in examples) / len(examples)
     measured = in_mixed_groups(examples)  # the margins' forward pass after the loop
-    # Every process reads all of them, in the time one step gives its share of a batch.
-    measured_steps = (sum(len(e.ids) for e in measured) / tokens_per_step
-                      * accelerator.num_processes * MEASURE_SHARE)
+    # That pass, in steps' time: every process reads all of them, in the time one step
+    # gives its share of a batch.
+    reserve_steps = (sum(len(e.ids) for e in measured) / tokens_per_step
+                     * accelerator.num_processes * MEASURE_SHARE)
     # The schedule's length, fixed before the first step so that the rate never rises
     # again: the steps an earlier night's rate says fit (``trainer.budget``).
     rate = settings.expected_tokens_per_s
     horizon = steps = estimated_steps(
         planned, tokens_per_step, rate,
-        _less(_left(settings, started), measured_steps * tokens_per_step / rate if rate else 0.0))
+        _less(_left(settings, started), reserve_steps * tokens_per_step / rate if rate else 0.0))
     show = settings.progress and accelerator.is_local_main_process
     bar = tqdm(total=steps, desc="train", disable=not show)
     order = batches(len(examples), settings, accelerator.num_processes)
@@ -307,7 +308,7 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         # Capped by the horizon, not by the last cut: slow early steps (pi_lag's pass) must
         # not cut the night for good once its steps speed up.
         steps = affordable_steps(horizon, step, time.perf_counter() - started,
-                                 _less(settings.time_budget_s, measured_steps * step_s),
+                                 _less(settings.time_budget_s, reserve_steps * step_s),
                                  step_s)
         bar.total = steps
         bar.update(1)

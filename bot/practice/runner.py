@@ -27,9 +27,9 @@ A turn stopped by a limit (steps, malformed calls) has no final answer: it is
 judged 0, a failure to learn from, not excluded.
 
 When none of the first G judged attempts of a task passed, its reference answer
-(``Task.reference``), once the task's check passes it, is recorded as one more episode of the group in a
-fresh channel ``...-reference``: the agent's own context, the reference as its
-answer (``bot.practice.demonstration``), and a ``verifier_reward`` of 1 with check
+(``Task.reference``), once the task's check passes it, is recorded as one more episode
+of the group in a fresh channel ``...-reference``: the agent's own context, the
+reference as its answer (``bot.practice.demonstration``), and a ``verifier_reward`` of 1 with check
 ``reference``. A reference that shows tool calls has them run there first, and the
 check judges what they did. A group that only failed would otherwise teach nothing relative.
 
