@@ -104,6 +104,7 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
         (data / "cache").symlink_to(cache)  # the converter, fetched once by the setup step
     train = {"max_tokens": args.context}
     for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "imitate_known_choices",
+                "imitate_known_passing_choices",
                 "min_steps", "max_epochs", "batch", "schedule", "warmup_steps", "stop_split",
                 "stop_every"):
         if getattr(args, key) is not None:
@@ -235,6 +236,7 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
           + ("" if t.imitate_known_choices else "; known choices not imitated")
           + (f"; stop split {t.stop_split:g} every {t.stop_every}" if t.stop_split else "")
           + ("; passing attempts imitated" if config.night.imitate_passing else "")
+          + ("" if t.imitate_known_passing_choices else " (their known choices not)")
           + ("" if config.night.anchor_demonstrated else "; shown groups not anchored")
           + (f"; the day kept in {kept_day}" if kept_day else ""),
           flush=True)

@@ -47,6 +47,9 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--imitate-known-choices", action=argparse.BooleanOptionalAction,
                         help="train.imitate_known_choices: also imitate a reference's choice "
                              "under the tool list that most attempts of its group made too")
+    parser.add_argument("--imitate-known-passing-choices", action=argparse.BooleanOptionalAction,
+                        help="train.imitate_known_passing_choices: the same for a passing "
+                             "attempt imitated beside OAPL (night.imitate_passing)")
     parser.add_argument("--imitate-passing", action=argparse.BooleanOptionalAction,
                         help="night.imitate_passing: also imitate a mixed group's passing "
                              "attempts (default: the config's, on)")

@@ -121,3 +121,36 @@ def test_a_known_call_keeps_its_arguments_imitated(tokenizer):
     (shown,) = [tokenizer.decode(e.ids[e.demo]) for e in build_examples(rows, tokenizer, off)
                 if bool(e.demo.any())]
     assert shown == '{"path": "b"}<|im_end|>'  # the tool's name, its choice, is not imitated
+
+
+def _passing(answer: dict, group: str = "g:1", episode: int = 7) -> dict:
+    return {**_attempt(answer, group, episode), "advantages": [None, None, 0.5], "imitate": [2]}
+
+
+def test_a_passing_attempts_choice_is_known_only_where_asked_and_most_of_its_group_made_it():
+    rows = [*(_attempt(WORDS, episode=i) for i in range(2)), _passing(WORDS)]
+    assert known_choices(rows) == {}  # references only, as before
+    assert known_choices(rows, passing=True) == {2: {2}}  # 3 of 3 answered in words
+    assert known_choices(rows, references=False, passing=True) == {2: {2}}
+    # A call that passed where the others answered in words shows a choice: it stays taught.
+    odd = [*(_attempt(WORDS, episode=i) for i in range(3)), _passing(_call("x"))]
+    assert known_choices(odd, passing=True) == {}
+    # An attempt that is not imitated is no demonstration, whatever it chose.
+    assert known_choices([*rows[:2], _attempt(WORDS, episode=5)], passing=True) == {}
+
+
+def test_a_passing_attempts_known_choice_leaves_the_imitation_and_its_oapl_stays(tokenizer):
+    rows = [*(_attempt(WORDS, episode=i) for i in range(3)), _passing(WORDS)]
+    on = Settings(max_tokens=2048)
+    assert on.imitate_known_passing_choices  # the default imitates it, as before
+    off = replace(on, imitate_known_passing_choices=False)
+
+    def demonstrated(examples) -> list[str]:
+        return [tokenizer.decode(e.ids[e.demo]) for e in examples if bool(e.demo.any())]
+
+    assert demonstrated(build_examples(rows, tokenizer, on)) == [
+        "message:<|im_end|>", "3 times 9 is 27.<|im_end|>"]
+    assert demonstrated(build_examples(rows, tokenizer, off)) == ["3 times 9 is 27.<|im_end|>"]
+    for a, b in zip(build_examples(rows, tokenizer, on), build_examples(rows, tokenizer, off),
+                    strict=True):
+        assert a.terms == b.terms and a.msg.equal(b.msg) and a.adv.equal(b.adv)

@@ -14,7 +14,14 @@ called a tool after the night, against 0, 12 and 32 with every choice imitated: 
 the three days the arithmetic and protocol references, whose attempts answered in words,
 had taught the tool prompts to answer in words too; docs/learning.md). Most, not all:
 attempts are sampled at practice's temperature, and one stray call among four answers in
-words says little about the greedy choice the held-out answers make."""
+words says little about the greedy choice the held-out answers make.
+
+The same holds for a passing attempt imitated beside OAPL (``night.imitate_passing``;
+``train.imitate_known_passing_choices`` false leaves its known choice out): a compare
+attempt that passed in words is, in the tools view, nothing but the choice of words, and
+every such attempt pushed that choice with a whole demonstration's weight. A passing
+attempt whose choice most of its group did not make (a call where the others answered in
+words) keeps it: that choice is what it shows."""
 
 from __future__ import annotations
 
@@ -36,6 +43,7 @@ class Rendering(Protocol):
     max_tokens: int
     chat_format: str
     imitate_known_choices: bool
+    imitate_known_passing_choices: bool
 
 
 @dataclass
@@ -62,7 +70,8 @@ class Example:
 def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> list[Example]:
     """The train split's rows as sequences with something to learn."""
     examples = []
-    known = {} if settings.imitate_known_choices else known_choices(rows)
+    known = known_choices(rows, references=not settings.imitate_known_choices,
+                          passing=not settings.imitate_known_passing_choices)
     for i, row in enumerate(rows):
         if row.get("split", "train") != "train":
             continue
@@ -76,23 +85,28 @@ def build_examples(rows: list[dict], tokenizer: Any, settings: Rendering) -> lis
     return examples
 
 
-def known_choices(rows: list[dict]) -> dict[int, set[int]]:
+def known_choices(rows: list[dict], references: bool = True,
+                  passing: bool = False) -> dict[int, set[int]]:
     """Row index -> the demonstrated message whose choice under the tool list most attempts
-    of the row's practice group made too (the module's doc): only a reference's first
-    action, and only where its group has attempts. Attempts of any split vote: the vote
-    reads what the model chose, not what it is trained on."""
+    of the row's practice group made too (the module's doc): only a first action, of a
+    reference (``references``) or of a passing attempt imitated beside OAPL (``passing``),
+    and only where its group has attempts. Attempts of any split vote, the imitated one
+    among them: the vote reads what the model chose, not what it is trained on."""
     chosen: dict[str, list[tuple[str, ...]]] = defaultdict(list)
-    references = []
+    demonstrated = []
     for i, row in enumerate(rows):
         first = _first_action(row)
         if first is None:
             continue
         if (row.get("reward_source") or {}).get("check") == REFERENCE:
-            references.append((i, first))
-        else:
-            chosen[row["group"]].append(_choice(row["messages"][first]))
+            if references:
+                demonstrated.append((i, first))
+            continue
+        chosen[row["group"]].append(_choice(row["messages"][first]))
+        if passing:
+            demonstrated.append((i, first))
     out = {}
-    for i, first in references:
+    for i, first in demonstrated:
         attempts = chosen[rows[i]["group"]]
         same = attempts.count(_choice(rows[i]["messages"][first]))
         if first in (rows[i].get("imitate") or ()) and 2 * same > len(attempts):

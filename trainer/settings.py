@@ -28,6 +28,8 @@ class Settings:
     imitation_per: Literal["sequence", "token", "choice"] = _TRAIN.imitation_per
     # Imitate a reference's choice most of its attempts made too (trainer.examples.known_choices).
     imitate_known_choices: bool = _TRAIN.imitate_known_choices
+    # The same for a passing attempt imitated by night.imitate_passing.
+    imitate_known_passing_choices: bool = _TRAIN.imitate_known_passing_choices
     lr: float = _TRAIN.lr  # the peak rate: ``schedule`` and ``warmup_steps`` shape it
     schedule: str = _TRAIN.schedule
     warmup_steps: int = _TRAIN.warmup_steps

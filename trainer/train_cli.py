@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
                         default=defaults.imitate_known_choices,
                         help="also imitate a reference's choice under the tool list where "
                              "most attempts of its group made it too (trainer.examples)")
+    parser.add_argument("--imitate-known-passing-choices", action=argparse.BooleanOptionalAction,
+                        default=defaults.imitate_known_passing_choices,
+                        help="the same for a passing attempt imitated beside OAPL")
     parser.add_argument("--schedule", choices=SCHEDULES, default=defaults.schedule,
                         help="the learning rate over the steps (trainer.lr_schedule)")
     parser.add_argument("--chat-format", default=defaults.chat_format,
