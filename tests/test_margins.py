@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer import train as T
-from trainer.budget import affordable_steps, estimated_steps
+from trainer.budget import affordable_steps, estimated_steps, note
 
 PROMPT = "What is 4 plus 6? Answer with only the number."
 
@@ -135,6 +135,12 @@ def test_the_budget_arithmetic():
     assert affordable_steps(16, 3, 130.0, 100.0, 10.0) == 3  # over: stop now
     assert affordable_steps(8, 3, 30.0, 100.0, 10.0) == 8  # never more than planned
     assert affordable_steps(8, 3, 30.0, None, 10.0) == 8
+    # The note names the seconds kept for the margins' pass, where some were.
+    assert note(3, 16, 500.0, 700.0) == (
+        "trained 3 of 16 planned steps: at 500 tokens/s the rest would have run past the "
+        "700 s the night's budget left for training (night.budget_s)")
+    assert "700 s the night's budget left for training, 42 s of them kept for measuring" in (
+        note(3, 16, 500.0, 700.0, 42.0))
 
 
 def test_the_budget_keeps_time_for_the_margins_pass_over_the_mixed_groups_only(

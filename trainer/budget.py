@@ -33,8 +33,12 @@ def affordable_steps(planned: int, done: int, elapsed_s: float, budget_s: float 
     return max(done, min(planned, done + more))
 
 
-def note(trained: int, planned: int, tokens_per_s: float, budget_s: float) -> str:
-    """What the night says when the budget cut its training."""
+def note(trained: int, planned: int, tokens_per_s: float, budget_s: float,
+         reserved_s: float = 0.0) -> str:
+    """What the night says when the budget cut its training: ``reserved_s`` of the budget
+    were kept for the pass after the steps (``trainer.margins``)."""
+    kept = (f", {reserved_s:.0f} s of them kept for measuring the practice groups after the "
+            "steps" if reserved_s >= 0.5 else "")
     return (f"trained {trained} of {planned} planned steps: at {tokens_per_s:,.0f} tokens/s "
             f"the rest would have run past the {budget_s:.0f} s the night's budget left "
-            "for training (night.budget_s)")
+            f"for training{kept} (night.budget_s)")

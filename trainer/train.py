@@ -337,7 +337,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
         out.mkdir(parents=True, exist_ok=True)
         accelerator.unwrap_model(policy).model.save_pretrained(str(out))
     # Only when the budget ended it: a night the stopper ended early says so in its own note.
-    cut = note(step, planned, rate, settings.time_budget_s) if step == steps < planned else ""
+    cut = (note(step, planned, rate, settings.time_budget_s, reserve_steps * step_s)
+           if step == steps < planned else "")
     return TrainResult(out, step, len(examples), seen, time.perf_counter() - started, history,
                        model, batch, planned, cut, rate, groups, stopped, stopper.checks)
 
