@@ -174,8 +174,8 @@ async def day(rt: Runtime, args: argparse.Namespace, sets: dict, held: dict,
     """Steps 1 and 2: the held-out items before, then the practice; returns when it began."""
     t0 = time.monotonic()
     for family, pset in held.items():
-        result["before"][family], result["calls_before"][family] = await evaluate(
-            rt, pset, "before")
+        result["before"][family], result["calls_before"][family], _ = await evaluate(
+            rt, pset, "before")  # the answers are in the kept day's store
     result["before_s"] = time.monotonic() - t0
     since = time.time()
     t0 = time.monotonic()
@@ -257,10 +257,10 @@ async def run(args: argparse.Namespace, work: Path, seed: int, keep: bool = Fals
         release_id = result["night"]["job"]["progress"].get("release_id")
         if release_id is not None:
             print("  " + await serve_candidate(rt, release_id), flush=True)
-            result["calls_after"] = {}
+            result["calls_after"], result["answers_after"] = {}, {}
             for family, pset in held.items():
-                result["after"][family], result["calls_after"][family] = await evaluate(
-                    rt, pset, "after")
+                (result["after"][family], result["calls_after"][family],
+                 result["answers_after"][family]) = await evaluate(rt, pset, "after")
         result["chain"] = []
         for k in range(2, args.nights + 1):
             if not await chained_night(rt, args, work, seed, k, held, result):
@@ -300,7 +300,7 @@ async def chained_night(rt: Runtime, args: argparse.Namespace, work: Path, seed:
         return False
     print("  " + await serve_candidate(rt, new_id), flush=True)
     for family, pset in held.items():
-        entry["after"][family], entry["calls_after"][family] = await evaluate(
+        entry["after"][family], entry["calls_after"][family], _ = await evaluate(
             rt, pset, f"after{k}")
     print(tool_calls({"calls_before": result.get("calls_before"),
                       "calls_after": entry["calls_after"]}), flush=True)

@@ -50,7 +50,9 @@ def keep_night(folder: Path, result: dict, argv: list[str]) -> Path:
     path = out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{len(list(out.iterdir()))}.json"
     chain = [{"after": c.get("after") or {}} for c in result.get("chain") or []]
     path.write_text(json.dumps({"argv": argv, "after": result.get("after") or {},
-                                "calls_after": result.get("calls_after") or {}, "chain": chain}))
+                                "calls_after": result.get("calls_after") or {},
+                                "answers_after": result.get("answers_after") or {},
+                                "chain": chain}))
     return path
 
 

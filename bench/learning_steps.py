@@ -13,15 +13,19 @@ from core.practice.checks import judge
 from core.practice.sets import PracticeSet
 
 
+ANSWER_CHARS = 300  # of each answer kept beside its score, to read what a night taught
+
+
 async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
-                   ) -> tuple[list[float], list[int]]:
+                   ) -> tuple[list[float], list[int], list[str]]:
     """Each held-out task answered once by the agent in a fresh channel, and checked: the
-    rewards, and the rounds of tool calls each answer made."""
-    rewards, calls = [], []
+    rewards, the rounds of tool calls each answer made, and the answers' first characters."""
+    rewards, calls, answers = [], [], []
     for task in pset.tasks:
         channel = f"bench-{phase}-{pset.name}-{task.id}"
         result = await rt.turn(channel, task.prompt, "bench")
         calls.append(result.tool_rounds)
+        answers.append((result.reply or "")[:ANSWER_CHARS])
         ctx = rt.spaces.context(channel)
         if not result.ok:
             rewards.append(0.0)
@@ -29,7 +33,7 @@ async def evaluate(rt: Runtime, pset: PracticeSet, phase: str
         verdict = await judge(task, result.reply, ctx.workspace, ctx.services.sandbox,
                               rt.config.practice.check_timeout_s)
         rewards.append(verdict.reward if verdict.judged else 0.0)
-    return rewards, calls
+    return rewards, calls, answers
 
 
 async def night(rt: Runtime, since: float, timeout_s: float) -> dict:

@@ -92,10 +92,12 @@ def test_held_out_answers_are_checked_and_their_tool_calls_counted(tmp_path, cap
     space = SimpleNamespace(workspace=None, services=SimpleNamespace(sandbox=None))
     rt = SimpleNamespace(turn=turn, spaces=SimpleNamespace(context=lambda channel: space),
                          config=SimpleNamespace(practice=SimpleNamespace(check_timeout_s=5)))
-    rewards, calls = asyncio.run(learning.evaluate(rt, load_set(path), "after"))
+    rewards, calls, replies = asyncio.run(learning.evaluate(rt, load_set(path), "after"))
     assert rewards == [1.0, 1.0, 0.0] and calls == [0, 2, 7]
+    assert replies == ["[A]", "[B]", "(stopped)"]
     result = {"before": {"protocol": [0.0] * 3}, "after": {"protocol": rewards},
-              "calls_before": {"protocol": [0, 0, 1]}, "calls_after": {"protocol": calls}}
+              "calls_before": {"protocol": [0, 0, 1]}, "calls_after": {"protocol": calls},
+              "answers_after": {"protocol": replies}}
     learning.report(result, 0.0)
     assert ("held-out answers that called a tool, before -> after: protocol 1/3 -> 2/3"
             in capsys.readouterr().out)
@@ -104,6 +106,7 @@ def test_held_out_answers_are_checked_and_their_tool_calls_counted(tmp_path, cap
     assert "protocol ? -> 2/3" in capsys.readouterr().out
     night = json.loads(kept.keep_night(tmp_path, result, ["--day"]).read_text())
     assert night["calls_after"] == {"protocol": [0, 2, 7]}
+    assert night["answers_after"] == {"protocol": ["[A]", "[B]", "(stopped)"]}
 
 
 def test_a_run_whose_checks_need_the_missing_sandbox_is_refused_before_it_starts(
