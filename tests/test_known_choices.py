@@ -141,9 +141,9 @@ def test_a_passing_attempts_choice_is_known_only_where_asked_and_most_of_its_gro
 
 def test_a_passing_attempts_known_choice_leaves_the_imitation_and_its_oapl_stays(tokenizer):
     rows = [*(_attempt(WORDS, episode=i) for i in range(3)), _passing(WORDS)]
-    on = Settings(max_tokens=2048)
-    assert on.imitate_known_passing_choices  # the default imitates it, as before
-    off = replace(on, imitate_known_passing_choices=False)
+    off = Settings(max_tokens=2048)
+    assert not off.imitate_known_passing_choices  # the default leaves it out
+    on = replace(off, imitate_known_passing_choices=True)
 
     def demonstrated(examples) -> list[str]:
         return [tokenizer.decode(e.ids[e.demo]) for e in examples if bool(e.demo.any())]

@@ -17,9 +17,11 @@ attempts are sampled at practice's temperature, and one stray call among four an
 words says little about the greedy choice the held-out answers make.
 
 The same holds for a passing attempt imitated beside OAPL (``night.imitate_passing``;
-``train.imitate_known_passing_choices`` false leaves its known choice out): a compare
-attempt that passed in words is, in the tools view, nothing but the choice of words, and
-every such attempt pushed that choice with a whole demonstration's weight. A passing
+``train.imitate_known_passing_choices``, false by default, leaves its known choice out): a
+compare attempt that passed in words is, in the tools view, nothing but the choice of words,
+and every such attempt pushed that choice with a whole demonstration's weight. On two fresh
+four-family days leaving it out gained +3.1 pp [+0.9, +5.6], the tool prompts keeping more of
+their calls (docs/learning.md). A passing
 attempt whose choice most of its group did not make (a call where the others answered in
 words) keeps it: that choice is what it shows."""
 

@@ -125,7 +125,7 @@ class TrainConfig(_Section):
         "which tool) where most attempts of its group made it too (trainer.examples)"
     )
     imitate_known_passing_choices: bool = Field(
-        True, description="also imitate a passing attempt's choice under the tool list (words "
+        False, description="also imitate a passing attempt's choice under the tool list (words "
         "or which tool; night.imitate_passing) where most attempts of its group made it too"
     )
     lr: float = Field(1e-3, gt=0, le=1e-2, description="a peak learning rate in (0, 0.01]")
