@@ -21,9 +21,8 @@ The same holds for a passing attempt imitated beside OAPL (``night.imitate_passi
 compare attempt that passed in words is, in the tools view, nothing but the choice of words,
 and every such attempt pushed that choice with a whole demonstration's weight. On two fresh
 four-family days leaving it out gained +3.1 pp [+0.9, +5.6], the tool prompts keeping more of
-their calls (docs/learning.md). A passing
-attempt whose choice most of its group did not make (a call where the others answered in
-words) keeps it: that choice is what it shows."""
+their calls (docs/learning.md). A passing attempt whose choice most of its group did not make
+(a call where the others answered in words) keeps it: that choice is what it shows."""
 
 from __future__ import annotations
 
