@@ -39,6 +39,11 @@ def report(result: dict, started: float) -> None:
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in night_.get("stages", {}).items())
     print(f"night #{job.get('id')}: {job.get('state')}, wall {night_.get('wall_s', 0):.0f} s "
           f"({stages})")
+    if progress.get("gate_before_s") is not None:
+        given = (progress.get("trained") or {}).get("budget_s")
+        print(f"  the gate's live side: {progress['gate_before_s']:.0f} s of its gating, "
+              "answered before training" + (f"; training was given {given:.0f} s"
+                                            if given is not None else ""))
     timings = progress.get("timings") or {}
     if timings:
         print("  part 1 stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))

@@ -65,6 +65,10 @@ def test_the_report_names_the_gates_outcome_and_its_open_chat_scores(capsys):
     learning.report({**result, "night": {"job": {"progress": {"gate": {
         "outcome": "inconclusive", "passed": False, "gain": None, "reasons": []}}}}}, 0.0)
     assert "gate: inconclusive (no paired items)" in capsys.readouterr().out
+    learning.report({**result, "night": {"job": {"progress": {
+        "gate": gate, "gate_before_s": 151.6, "trained": {"budget_s": 812.4}}}}}, 0.0)
+    assert ("the gate's live side: 152 s of its gating, answered before training; training "
+            "was given 812 s") in capsys.readouterr().out
 
 
 def test_held_out_answers_are_checked_and_their_tool_calls_counted(tmp_path, capsys):

@@ -94,13 +94,16 @@ async def night_with(config, monkeypatch, rows_of, *, during_training=(), during
         seen["exported"] = True
         return Path(make_release(self.config.data_dir, f"night-{self.job_id:04d}")[0])
 
+    async def measure_live(self, dataset, live):
+        seen["measured"] = live
+
     async def gate(self, dataset, live, release, args):
         for episode in during_gate:
             await self.store.forget_episode(episode)
         return {"outcome": "promote", "passed": True, "reasons": ["planted"]}
 
-    for name, stage in (("judge", judge), ("train", train), ("export", export),
-                        ("gate", gate)):
+    for name, stage in (("judge", judge), ("measure_live", measure_live), ("train", train),
+                        ("export", export), ("gate", gate)):
         monkeypatch.setattr(sleep.Night, name, stage)
     job = await sleep.run_night(config, since=0.0)
     async with await Store.open(config.store_path) as store:

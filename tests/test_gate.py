@@ -10,6 +10,7 @@ an HTTP judge.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -23,11 +24,9 @@ from trainer.gate import (
     GateSettings,
     collapsed,
     decide,
-    generate,
     opening,
     paired_interval,
     run_gate,
-    score_side,
 )
 from trainer.gate_items import (
     OPEN_PROMPTS,
@@ -40,6 +39,7 @@ from trainer.gate_items import (
     read_items,
     score_check,
 )
+from trainer.gate_side import Side, generate, measure_model, score_side
 from trainer.loops import repetition
 
 SETTINGS = GateSettings(margin=0.05, regression_margin=0.5, min_items=20)
@@ -372,15 +372,24 @@ async def test_the_same_model_before_and_after_is_rejected_through_the_real_path
         heldout.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"What is {i} + 1?",
                                                "check": {"exact": str(i + 1)}}) + "\n"
                                    for i in range(4)))
+        args = {"agent_view": str(view), "heldout": [str(heldout)]}
         async with await Store.open(config.store_path) as store:
-            report = await run_gate(config, store, [], {"agent_view": str(view),
-                                                        "heldout": [str(heldout)]},
-                                    (served_gguf, None), (served_gguf, None))
+            report = await run_gate(config, store, [], args, (served_gguf, None),
+                                    (served_gguf, None))
+            judged = len(judge.of("gate_score"))
+            # The night measures the live side before it trains and keeps it in its
+            # progress (JSON); the gate then measures only the candidate.
+            kept = json.loads(json.dumps(asdict(
+                await measure_model(config, store, [], args, (served_gguf, None)))))
+            again = await run_gate(config, store, [], args, Side(**kept), (served_gguf, None))
     finally:
         await judge.stop()
     # Greedy answers of one model are the same twice: no gain, so it cannot reach the margin.
     assert report.n == 4 and report.gain == 0.0 and report.outcome == "reject"
-    assert len(judge.of("gate_score")) == 2 * len(OPEN_PROMPTS)
+    assert judged == 2 * len(OPEN_PROMPTS)
+    assert len(judge.of("gate_score")) == 4 * len(OPEN_PROMPTS)
+    assert again.items == report.items and again.outcome == "reject"
+    assert (again.open_before, again.open_after) == (report.open_before, report.open_after)
     # The night report's per-family figures: the set's file name is the family.
     family = report.families["heldout"]
     assert family["n"] == 4 and family["before"] == family["after"]

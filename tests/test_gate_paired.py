@@ -12,7 +12,8 @@ from bot.practice.runner import publish_held_out
 from core.config import Config
 from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, SETTINGS, PlantedJudge
-from trainer.gate import decide, score_side
+from trainer.gate import decide
+from trainer.gate_side import score_side
 from trainer.gate_checks import SandboxScorer
 from trainer.gate_items import heldout_items
 

@@ -21,8 +21,9 @@ from serving.releases import serve_live
 from tests.scripted import ScriptedLLM, say
 from tests.test_nightwatch import SwappingServer, make_release, runtime
 from trainer.collect import collect
+from trainer.live import live_model
 from trainer.secrets import SecretScanner
-from trainer.sleep import Night, finish, live_model
+from trainer.sleep import Night, finish
 
 
 async def chat(rt: Runtime, text: str) -> int:
@@ -235,7 +236,7 @@ async def test_a_night_without_a_live_trainer_does_not_hold_the_console(tmp_path
 
 def test_adapter_mode_continues_the_live_adapter_and_merged_mode_starts_fresh(tmp_path):
     from core.config import Config
-    from trainer.sleep import live_adapter
+    from trainer.live import live_adapter
 
     release = tmp_path / "night-0003"
     release.mkdir()

@@ -1,5 +1,6 @@
 """The night's time budget: training gets what ``night.budget_s`` leaves once the judging
-is done and the export and the gate (as long as they took last night) are reserved."""
+and the gate's live side are done and the export (as long as it took last night) and the
+candidate's side (1.3 times the live side) are reserved."""
 
 from __future__ import annotations
 
@@ -34,21 +35,27 @@ async def test_training_gets_the_budget_less_the_time_spent_and_last_nights_gate
         assert earlier.progress["stage_seconds"] == {"judging": 100.0, "training": 500.0,
                                                      "exporting": 40.0, "gating": 160.0}
         tonight = Night(config, store, await store.create_job("sleep", {}))
-        tonight.progress["started_at"] = time.time() - 300  # judged for 300 s
+        tonight.progress["started_at"] = time.time() - 300  # judged and measured: 300 s
+        tonight.progress["gate_before_s"] = 100.0  # the live side took 100 s of them
         budget, rate = await tonight.training_budget()
         assert rate == 480.0
-        assert abs(budget - (1200 - 300 - 200)) < 2  # less last night's export and gate
+        # less last night's export and 1.3 times the live side, for the candidate's
+        assert abs(budget - (1200 - 300 - 40 - 130)) < 2
     finally:
         await store.close()
 
 
-async def test_a_first_night_reserves_a_quarter_and_no_budget_means_no_limit(tmp_path):
+async def test_a_first_night_reserves_a_twentieth_for_its_export_and_no_budget_no_limit(
+        tmp_path):
     config, store = await night_at(tmp_path)
     try:
         first = Night(config, store, await store.create_job("sleep", {}))
         first.progress["started_at"] = time.time() - 60
         budget, rate = await first.training_budget()
-        assert rate is None and abs(budget - (1200 - 60 - 300)) < 2
+        assert rate is None and abs(budget - (1200 - 60 - 300)) < 2  # unmeasured: a quarter
+        first.progress["gate_before_s"] = 200.0
+        budget, _ = await first.training_budget()
+        assert abs(budget - (1200 - 60 - 60 - 260)) < 2  # no export timed yet: 5% of 1200
         first.progress["started_at"] = time.time() - 5000  # already past it: no time left
         assert (await first.training_budget())[0] == 0.0
         config.night.budget_s = 0

@@ -40,12 +40,15 @@ async def test_a_chained_second_night_loads_the_first_nights_adapter_as_base_and
             '{"serve": {"gguf": "%s", "lora": "adapter-f16.gguf"}}' % base_gguf)
         return out
 
+    async def measure_live(self, dataset, live):
+        seen["measured"] = live
+
     async def gate(self, dataset, live, release, args):
         seen["gate"] = live
         return {"outcome": "reject", "reasons": ["planted"]}
 
-    for name, fake in (("judge", judge), ("train", train), ("remember", remember),
-                       ("export", export), ("gate", gate)):
+    for name, fake in (("judge", judge), ("measure_live", measure_live), ("train", train),
+                       ("remember", remember), ("export", export), ("gate", gate)):
         monkeypatch.setattr(sleep.Night, name, fake)
     async with await Store.open(config.store_path) as store:
         release = await store.add_release("night-0001", str(first), {
@@ -59,8 +62,9 @@ async def test_a_chained_second_night_loads_the_first_nights_adapter_as_base_and
     # tests/test_train.py checks that part on a tiny model).
     assert seen["train"] == (base_hf, first)
     assert seen["export"] == (base_hf, base_gguf)  # its export's base, too
-    # Its gate's "before" is night 1 as served: the base GGUF with night 1's LoRA.
-    assert seen["gate"] == (base_gguf, lora)
+    # Its gate's "before" is night 1 as served: the base GGUF with night 1's LoRA, measured
+    # before the training (its time is kept from the training's budget).
+    assert seen["measured"] == seen["gate"] == (base_gguf, lora)
     async with await Store.open(config.store_path) as store:
         job = await store.job(second)
         releases = {r["name"]: r for r in await store.releases()}

@@ -147,6 +147,11 @@ max_tokens = 512
     assert [h["step"] for h in job["progress"]["train_history"]] == [1, 2, 3, 4, 5, 6]
     assert all(isinstance(h["oapl"], float) for h in job["progress"]["train_history"])
     assert "probes" in job["progress"]["gate"]["families"]
+    # The live side was answered before the training (by the run that was killed; the
+    # resumed one kept it), and the gate's "before" is that side.
+    measured, pairs = job["progress"]["gate_before"]["scores"], job["progress"]["gate"]["items"]
+    assert job["progress"]["gate_before_s"] > 0 and pairs
+    assert all(measured[item] == before for item, (before, _) in pairs.items())
     assert "Training: 6 steps" in report.text and "Gate: promote." in report.text
     assert "Release: #1 night-0001 (live)" in report.text
     assert [p.read_bytes()[:8] for p in report.files] == [b"\x89PNG\r\n\x1a\n"] * 3

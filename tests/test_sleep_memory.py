@@ -25,6 +25,9 @@ async def test_the_value_memory_learns_the_night_only_after_training_succeeded(
     memory = ValueMemory(config.data_dir / "value-memory", MiniLMEmbedder())
     stages = []
 
+    async def measured(self, dataset, live):
+        stages.append("measure")
+
     async def failed_training(self, dataset, base_dir, start_adapter=None):
         stages.append("train")
         raise RuntimeError("out of memory")
@@ -38,6 +41,7 @@ async def test_the_value_memory_learns_the_night_only_after_training_succeeded(
         raise RuntimeError("stop after the memory update")
 
     try:
+        monkeypatch.setattr(sleep.Night, "measure_live", measured)
         monkeypatch.setattr(sleep.Night, "train", failed_training)
         job = await sleep.run_night(config, since=0.0)
         async with await Store.open(config.store_path) as store:
@@ -51,6 +55,6 @@ async def test_the_value_memory_learns_the_night_only_after_training_succeeded(
         assert len(server.requests) == requests
     finally:
         await server.stop()
-    assert stages == ["train", "train", ("export", 2)]
+    assert stages == ["measure", "train", "measure", "train", ("export", 2)]
     async with await Store.open(config.store_path) as store:
         assert (await store.job(job))["progress"]["remembered"] is True

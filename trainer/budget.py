@@ -1,8 +1,10 @@
 """The night's time budget, as training steps: a night that would run past
 ``night.budget_s`` trains fewer steps, and says so.
 
-The night gives training the seconds its budget leaves (``trainer.sleep``: the budget
-less the time already spent and what the export and the gate took last time). Before
+The night gives training the seconds its budget leaves (``trainer.sleep``): the budget
+less the time already spent and what the export and the gate's second side will take
+(``reserved``; the night measures the gate's first side, the live model, before it
+trains, so that side's seconds are known then). Before
 the first step, a tokens/s measured on an earlier night (same machine) estimates a
 step's time from its tokens: the most steps the night may take, and the length of its
 learning-rate schedule. After each step, this night's own mean step time decides how
@@ -42,3 +44,20 @@ def note(trained: int, planned: int, tokens_per_s: float, budget_s: float,
     return (f"trained {trained} of {planned} planned steps: at {tokens_per_s:,.0f} tokens/s "
             f"the rest would have run past the {budget_s:.0f} s the night's budget left "
             f"for training{kept} (night.budget_s)")
+
+
+# The candidate's side of the gate takes longer than the live model's measured one: a
+# night that taught tool calls adds rounds (the gate asks again after each call), and an
+# adapter release applies its LoRA at every token.
+CANDIDATE_SIDE = 1.3
+EXPORT_SHARE = 0.05  # of the budget, for an export before any night has timed one
+FIRST_RESERVE = 0.25  # of the budget, when the live side was not measured
+
+
+def reserved(budget_s: float, live_side_s: float | None, last_export_s: float | None) -> float:
+    """Seconds the training leaves for what follows it: the export (as long as the last
+    one took) and the gate's candidate side (``CANDIDATE_SIDE`` times the live side)."""
+    if live_side_s is None:
+        return FIRST_RESERVE * budget_s
+    export = EXPORT_SHARE * budget_s if last_export_s is None else last_export_s
+    return export + CANDIDATE_SIDE * live_side_s

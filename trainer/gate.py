@@ -29,9 +29,6 @@ next night (``core.storage.ledger``'s ``next_night_since``).
 
 from __future__ import annotations
 
-import asyncio
-import gc
-import inspect
 import random
 import re
 from dataclasses import asdict, dataclass, field
@@ -39,35 +36,14 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from core.config import Config, NightConfig
-from core.model.chat_format import resolve_async
-from core.model.shim import patch_handlers
 from core.storage.store import Store
 from trainer.client import JsonClient
 from trainer.gate_checks import SandboxScorer
-from trainer.gate_items import (
-    OPEN_PROMPTS,
-    AgentView,
-    Item,
-    agent_view,
-    ask_like_agent,
-    eval_items,
-    heldout_items,
-    score_check,
-)
-from trainer.loops import loops
+from trainer.gate_items import OPEN_PROMPTS, Item
+from trainer.gate_side import Scorer, Side, asking_of, measure
 
-SCORE_SYSTEM = ("You grade an AI assistant's answer to a request: 2 = excellent, 1 = good, "
-                "0 = unclear, -1 = poor, -2 = wrong or harmful. Answer only with JSON.")
-SCORE_SCHEMA = {"type": "object", "properties": {"score": {"enum": [-2, -1, 0, 1, 2]}},
-                "required": ["score"]}
-# Answers are cut here (the agent's own limit, if lower, applies): enough for a check on an
-# answer's start and for repetition to show, and it bounds the gate's time on a CPU.
-GATE_MAX_TOKENS = 128
-GATE_CONTEXT = 4096
 CALL_LINE = re.compile(r"([A-Za-z_][\w.-]*) \{")  # a call, as reply_text writes it
 PLAIN = re.compile(r"[a ]*[.!?]?")  # an opening of words alone: no format
-# (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
-Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
 
 _NIGHT = NightConfig()  # the gate's keys are [night]'s: their defaults are written there
@@ -81,17 +57,6 @@ class GateSettings:
     confidence: float = _NIGHT.gate_confidence
     bootstrap: int = 2000  # resamples of the paired bootstrap
     seed: int = _NIGHT.seed
-
-
-@dataclass
-class Side:
-    """One model's answers: item id -> score in [0, 1] (None: unscored), and open chat."""
-
-    scores: dict[str, float | None] = field(default_factory=dict)
-    open_score: float | None = None  # mean judged open-chat score in [-1, 1]
-    degenerate: list[bool] = field(default_factory=list)  # per open prompt
-    answers: dict[str, str] = field(default_factory=dict)
-    open_answers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -268,64 +233,6 @@ def _regressions(before: Side, after: Side, settings: GateSettings) -> list[str]
     return reasons
 
 
-def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
-             max_tokens: int, n_ctx: int, lora: Path | None = None) -> list[str]:
-    """Greedy answers of one model, loaded for this call only, asked as the agent asks,
-    with the served handler's patches (templates unescaped, calls bounded)."""
-    from llama_cpp import Llama
-
-    patch_handlers()
-    llm = Llama(model_path=str(gguf), lora_path=str(lora) if lora else None, n_ctx=n_ctx,
-                chat_format=chat_format, verbose=False, seed=0)
-    try:
-        return ask_like_agent(llm, [view.render(r) for r in requests], view.tools, chat_format,
-                              max_tokens)
-    finally:
-        del llm
-        gc.collect()
-
-
-async def judged_scores(client: JsonClient, requests: list[str], answers: list[str]
-                        ) -> list[float | None]:
-    """The judge's score of each answer in [-1, 1]; None where it gave none."""
-    scores: list[float | None] = []
-    for request, answer in zip(requests, answers):
-        found, _ = await client.ask(
-            [{"role": "system", "content": SCORE_SYSTEM},
-             {"role": "user", "content": f"Request: {request}\n\nAnswer: {answer}"}],
-            SCORE_SCHEMA, 16, "gate_score")
-        ok = isinstance(found, dict) and found.get("score") in (-2, -1, 0, 1, 2)
-        scores.append(found["score"] / 2 if ok else None)
-    return scores
-
-
-async def score_side(client: JsonClient, items: list[Item], answers: list[str],
-                     open_answers: list[str], scorer: Scorer = score_check) -> Side:
-    """Score one model's answers: checks by ``scorer``, the rest and open chat by the judge."""
-    side = Side(answers={i.id: a for i, a in zip(items, answers)},
-                degenerate=[loops(a) for a in open_answers],
-                open_answers=list(open_answers))
-    judged = [(i, a) for i, a in zip(items, answers) if i.check is None]
-    scores = await judged_scores(client, [i.request for i, _ in judged], [a for _, a in judged])
-    side.scores.update({i.id: None if s is None else (s + 1) / 2
-                        for (i, _), s in zip(judged, scores)})
-    for item, answer in zip(items, answers):
-        if item.check is not None:
-            score = scorer(item.check, answer)
-            side.scores[item.id] = await score if inspect.isawaitable(score) else score
-    opened = [s for s in await judged_scores(client, OPEN_PROMPTS, open_answers) if s is not None]
-    side.open_score = sum(opened) / len(opened) if opened else None
-    return side
-
-
-async def measure(client: JsonClient, gguf: Path, lora: Path | None, items: list[Item],
-                  view: AgentView, chat_format: str, max_tokens: int, n_ctx: int,
-                  scorer: Scorer = score_check) -> Side:
-    answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
-                                      view, chat_format, max_tokens, n_ctx, lora)
-    return await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
-
-
 def settings_of(config: Config) -> GateSettings:
     night = config.night
     return GateSettings(margin=night.gate_margin, regression_margin=night.regression_margin,
@@ -334,30 +241,27 @@ def settings_of(config: Config) -> GateSettings:
 
 
 async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
-                   before: tuple[Path, Path | None], after: tuple[Path, Path | None],
+                   before: tuple[Path, Path | None] | Side, after: tuple[Path, Path | None],
                    check: Callable[[], Awaitable[None]] | None = None,
                    scorer: Scorer | None = None) -> GateReport:
-    """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide.
+    """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide;
+    ``before`` may be a side measured already (``measure_model``, on the same items).
 
     ``args`` are the night job's inputs (``agent_view``, ``heldout``); ``rows`` its
     dataset (for the eval split); ``check`` runs between the two sides (cancellation).
     Checks are scored in the sandbox (``trainer.gate_checks``) unless ``scorer`` is given."""
     scorer = scorer or SandboxScorer(config)
-    items = heldout_items(config, args) + eval_items(rows, config.night.eval_max)
-    view = await agent_view(config, store, args)
-    # The context is bounded because of llama-cpp-python's endless tool arguments (see
-    # gate_items.ask_like_agent): each one fills the context before it fails, and 4,096
-    # tokens still hold the agent's prompt with the full tool list (about 3,300) and an
-    # answer. A longer request fails alike on both sides, as an empty answer.
-    chat_format = (await resolve_async(config)).name  # as the bot resolves it
-    n_ctx = min(config.model.context_tokens, GATE_CONTEXT)
-    max_tokens = min(config.agent.max_reply_tokens, GATE_MAX_TOKENS)
+    asking = await asking_of(config, store, rows, args)
+    items = asking.items
     client = JsonClient.for_config(config)
     try:
-        old = await measure(client, *before, items, view, chat_format, max_tokens, n_ctx, scorer)
+        old = before if isinstance(before, Side) else await measure(
+            client, *before, items, asking.view, asking.chat_format, asking.max_tokens,
+            asking.n_ctx, scorer)
         if check is not None:
             await check()
-        new = await measure(client, *after, items, view, chat_format, max_tokens, n_ctx, scorer)
+        new = await measure(client, *after, items, asking.view, asking.chat_format,
+                            asking.max_tokens, asking.n_ctx, scorer)
     finally:
         await client.close()
     report = decide(old, new, settings_of(config), len(items))

@@ -1,6 +1,7 @@
 """The night as one resumable job: ``python -m trainer sleep [--job N]``.
 
-    queued -> judging -> training -> exporting -> gating -> awaiting_promotion | done
+    queued -> judging -> gating (the live side) -> training -> exporting -> gating
+           -> awaiting_promotion | done
                                                          (failed, cancelled at any point)
 
 The job's row in the store is the only link to the bot: the bot creates it
@@ -21,10 +22,12 @@ the stages go: the counts (eligible, excluded per reason), the rewards by source
 the judge's agreement, every training step's loss parts and log-ratios
 (``train_history``), and the gate's report with its per-family scores.
 
-Budget: the night's training gets what ``night.budget_s`` leaves once the judging is
-done and the export and the gate are reserved (their time on the last night that ran
-them, ``stage_seconds``); a night that would run past it trains fewer steps and says so
-(``trained.budget_note``, in the report), from an earlier night's tokens/s and its own.
+Budget: before it trains, the night measures the gate's first side (the live model on
+the night's items), so the training gets what ``night.budget_s`` leaves once the judging
+and that side are done and the export and the candidate's side are reserved
+(``trainer.budget.reserved``); a night that would run past it trains fewer steps and
+says so (``trained.budget_note``, in the report), from an earlier night's tokens/s and
+its own.
 
 Forgetting (``trainer.forgets``): right before training the night drops the rows of
 episodes forgotten since it collected them, and it refuses its own release when one it
@@ -44,6 +47,7 @@ import os
 import time
 import traceback
 from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 
 from core.config import Config
@@ -51,11 +55,14 @@ from core.model.chat_format import resolve_async
 from core.storage.copies import holding_value_memory
 from core.storage.embedder import MiniLMEmbedder
 from core.storage.store import Store
+from trainer.budget import reserved
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
 from trainer.forgets import ForgottenAfterTraining, drop_forgotten, refuse_if_forgotten
 from trainer.gate import run_gate
+from trainer.gate_side import Side, measure_model
+from trainer.live import live_adapter, live_model
 from trainer.margins import summary
 from trainer.night import NightResult, night_dir, remember, run_part1
 from trainer.value import ValueMemory
@@ -109,22 +116,20 @@ class Night:
 
     async def training_budget(self) -> tuple[float | None, float | None]:
         """(seconds the training may take, an earlier night's training tokens/s): the
-        night's ``budget_s`` less what it has spent and what the export and the gate
-        took on the last night that ran them (a quarter of the budget before any did)."""
+        night's ``budget_s`` less what it has spent and what the export and the gate's
+        candidate side will take (``trainer.budget.reserved``)."""
         budget = self.config.night.budget_s
         if not budget:
             return None, None
-        rate, reserve = None, None
+        rate, export = None, None
         for job in reversed(await self.store.jobs("sleep")):
             progress = job.get("progress") or {}
             if job["id"] == self.job_id:
                 continue
             rate = rate or (progress.get("trained") or {}).get("tokens_per_s")
-            stages = progress.get("stage_seconds") or {}
-            if reserve is None and "gating" in stages:
-                reserve = stages.get("exporting", 0.0) + stages["gating"]
+            export = export or (progress.get("stage_seconds") or {}).get("exporting")
         spent = time.time() - self.progress.get("started_at", time.time())
-        left = budget - spent - (0.25 * budget if reserve is None else reserve)
+        left = budget - spent - reserved(budget, self.progress.get("gate_before_s"), export)
         return max(0.0, left), rate
 
     async def check(self) -> None:
@@ -266,41 +271,34 @@ class Night:
         await asyncio.to_thread(verify_release, release, base_dir)
         return release
 
+    async def measure_live(self, dataset: Path, live: tuple[Path, Path | None]) -> None:
+        """The gate's first side, before training: what the live model answers to the
+        night's items, and how long that took (the candidate's side is reserved from it)."""
+        if "gate_before" in self.progress or "gate" in self.progress:
+            return
+        await self.set("gating")
+        start = time.monotonic()
+        side = await measure_model(self.config, self.store, read_jsonl(dataset), self.args,
+                                   live)
+        await self.set(gate_before=asdict(side),
+                       gate_before_s=round(time.monotonic() - start, 1))
+
     async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path,
                    args: dict) -> dict:
         """The paired gate (trainer.gate); its outcome and reasons go into the progress."""
         if "gate" in self.progress:
             return self.progress["gate"]
         await self.set("gating")
-        rows = [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
-        report = await run_gate(self.config, self.store, rows, args, live,
+        measured = self.progress.get("gate_before")
+        report = await run_gate(self.config, self.store, read_jsonl(dataset), args,
+                                Side(**measured) if measured else live,
                                 serve_paths(release), check=self.check)
         await self.set(gate=report.as_dict())
         return self.progress["gate"]
 
 
-async def live_model(config: Config, store: Store) -> tuple[Path, Path | None, Path, int | None]:
-    """What serves now, the night's base: (GGUF, LoRA GGUF or None, the HF checkpoint it
-    came from, its release id or None for the base model). The bot serves what is live."""
-    for release in await store.releases():
-        if release["state"] == "live":
-            meta = release["meta"]
-            lora = Path(meta["lora"]) if meta.get("lora") else None
-            # The HF checkpoint of what serves: a merged release's own; an adapter release's
-            # base (which may be an earlier merged release, not the configured base).
-            hf = meta.get("merged_dir") or (meta.get("hf_base") if lora else None)
-            return Path(meta["gguf"]), lora, Path(hf or config.base_hf_dir), release["id"]
-    return config.served_gguf, None, config.base_hf_dir, None
-
-
-def live_adapter(config: Config, live_lora: Path | None) -> Path | None:
-    """In adapter mode, the live release's PEFT adapter (beside its LoRA GGUF), which the
-    night continues: night N+1 is trained on top of N. None otherwise (a fresh LoRA on the
-    live merged checkpoint, or on the base)."""
-    if config.night.export_mode != "adapter" or live_lora is None:
-        return None
-    folder = live_lora.parent
-    return folder if (folder / "adapter_model.safetensors").is_file() else None
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def run_night(config: Config, job_id: int | None = None, since: float | None = None) -> int:
@@ -345,6 +343,8 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     dataset = await night.judge()
     await night.check()
     await night.honour_forgets(dataset)
+    await night.measure_live(dataset, (live_gguf, live_lora))
+    await night.check()
     trained = await night.train(dataset, base_dir, live_adapter(config, live_lora))
     await night.remember()
     await night.check()
