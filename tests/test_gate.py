@@ -10,7 +10,6 @@ an HTTP judge.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
@@ -379,16 +378,24 @@ async def test_the_same_model_before_and_after_is_rejected_through_the_real_path
             judged = len(judge.of("gate_score"))
             # The night measures the live side before it trains and keeps it in its
             # progress (JSON); the gate then measures only the candidate.
-            kept = json.loads(json.dumps(asdict(
-                await measure_model(config, store, [], args, (served_gguf, None)))))
-            again = await run_gate(config, store, [], args, Side(**kept), (served_gguf, None))
+            kept = json.loads(json.dumps(
+                (await measure_model(config, store, [], args, (served_gguf, None))).kept()))
+            again = await run_gate(config, store, [], args, (served_gguf, None),
+                                   (served_gguf, None), measured=Side(**kept))
+            judged_again = len(judge.of("gate_score"))
+            # A side that answered other items (a practice set changed meanwhile) is asked
+            # again: both sides are answered here.
+            del kept["scores"]["q0"]
+            fresh = await run_gate(config, store, [], args, (served_gguf, None),
+                                   (served_gguf, None), measured=Side(**kept))
     finally:
         await judge.stop()
     # Greedy answers of one model are the same twice: no gain, so it cannot reach the margin.
     assert report.n == 4 and report.gain == 0.0 and report.outcome == "reject"
     assert judged == 2 * len(OPEN_PROMPTS)
-    assert len(judge.of("gate_score")) == 4 * len(OPEN_PROMPTS)
-    assert again.items == report.items and again.outcome == "reject"
+    assert judged_again == 4 * len(OPEN_PROMPTS) and not kept["answers"]
+    assert len(judge.of("gate_score")) == 6 * len(OPEN_PROMPTS)
+    assert again.items == fresh.items == report.items and again.outcome == "reject"
     assert (again.open_before, again.open_after) == (report.open_before, report.open_after)
     # The night report's per-family figures: the set's file name is the family.
     family = report.families["heldout"]

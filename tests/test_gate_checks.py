@@ -11,9 +11,9 @@ from bot.practice.runner import publish_held_out
 from core.config import Config
 from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, PlantedJudge
-from trainer.gate_side import score_side
 from trainer.gate_checks import SandboxScorer
 from trainer.gate_items import heldout_items
+from trainer.gate_side import score_side
 
 FORTY_TWO = "def reward(answer, workspace):\n    return 1.0 if answer.strip() == '42' else 0.0\n"
 

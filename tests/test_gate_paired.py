@@ -13,9 +13,9 @@ from core.config import Config
 from core.practice.sets import load_set
 from tests.test_gate import FINE_CHAT, SETTINGS, PlantedJudge
 from trainer.gate import decide
-from trainer.gate_side import score_side
 from trainer.gate_checks import SandboxScorer
 from trainer.gate_items import heldout_items
+from trainer.gate_side import score_side
 
 ANSWER = ("def reward(answer, workspace):\n"
           "    return 1.0 if answer.strip().lower() in ('ten', '10') else 0.0\n")

@@ -8,6 +8,9 @@ import time
 
 from core.config import Config
 from core.storage.store import Store
+from trainer import sleep
+from trainer.gate import GateReport
+from trainer.gate_side import Side
 from trainer.sleep import Night
 
 
@@ -18,7 +21,8 @@ async def night_at(tmp_path, budget_s: float = 1200.0) -> tuple[Config, Store]:
     return config, await Store.open(config.store_path)
 
 
-async def test_training_gets_the_budget_less_the_time_spent_and_last_nights_gate(tmp_path):
+async def test_training_gets_the_budget_less_the_time_spent_the_export_and_the_candidate(
+        tmp_path):
     config, store = await night_at(tmp_path)
     try:
         earlier = Night(config, store, await store.create_job("sleep", {}))
@@ -62,3 +66,40 @@ async def test_a_first_night_reserves_a_twentieth_for_its_export_and_no_budget_n
         assert await first.training_budget() == (None, None)
     finally:
         await store.close()
+
+
+async def test_the_gate_reuses_the_live_side_only_while_the_same_model_serves(tmp_path,
+                                                                              monkeypatch):
+    config, store = await night_at(tmp_path)
+    given = []
+
+    async def measure_model(config, store, rows, args, live):
+        return Side(scores={"q1": 1.0}, answers={"q1": "a user's words"},
+                    open_answers=["hi"], failures=["q2: timed out"])
+
+    async def run_gate(config, store, rows, args, before, after, check=None, measured=None):
+        given.append((before, measured))
+        return GateReport("inconclusive", [], 0, None, None, None, {})
+
+    monkeypatch.setattr(sleep, "measure_model", measure_model)
+    monkeypatch.setattr(sleep, "run_gate", run_gate)
+    try:
+        night = Night(config, store, await store.create_job("sleep", {}))
+        dataset = tmp_path / "train.jsonl"
+        dataset.write_text("")
+        live = (tmp_path / "base.gguf", None)
+        (tmp_path / "release").mkdir()
+        (tmp_path / "release" / "release.json").write_text('{"serve": {"gguf": "m.gguf"}}')
+        await night.measure_live(dataset, live)
+        kept = (await store.job(night.job_id))["progress"]["gate_before"]
+        assert kept["scores"] == {"q1": 1.0} and kept["answers"] == {}  # no user's text kept
+        assert kept["failures"] == ["q2: timed out"] and night.progress["gate_before_s"] >= 0
+        await night.gate(dataset, live, tmp_path / "release", {})
+        night.progress.pop("gate")
+        other = (tmp_path / "base.gguf", tmp_path / "night-1.gguf")  # another release serves
+        await night.gate(dataset, other, tmp_path / "release", {})
+    finally:
+        await store.close()
+    assert given[0][1] == Side(scores={"q1": 1.0}, open_answers=["hi"],
+                               failures=["q2: timed out"])
+    assert given[1] == (other, None)  # measured again by the gate

@@ -10,7 +10,7 @@ step's time from its tokens: the most steps the night may take, and the length o
 learning-rate schedule. After each step, this night's own mean step time decides how
 many of those it takes, asked afresh each time, so slow early steps do not cut the
 night for good (the first steps also pay for pi_lag's pass, so it errs towards fewer
-steps). Pure arithmetic: ``trainer.train`` calls it.
+steps). Pure arithmetic: ``trainer.train`` and ``trainer.sleep`` call it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ FIRST_RESERVE = 0.25  # of the budget, when the live side was not measured
 
 def reserved(budget_s: float, live_side_s: float | None, last_export_s: float | None) -> float:
     """Seconds the training leaves for what follows it: the export (as long as the last
-    one took) and the gate's candidate side (``CANDIDATE_SIDE`` times the live side)."""
+    one took, ``EXPORT_SHARE`` of the budget before any) and the gate's candidate side
+    (``CANDIDATE_SIDE`` times the live side); ``FIRST_RESERVE`` of the budget for both
+    where the live side was not measured."""
     if live_side_s is None:
         return FIRST_RESERVE * budget_s
     export = EXPORT_SHARE * budget_s if last_export_s is None else last_export_s

@@ -241,23 +241,28 @@ def settings_of(config: Config) -> GateSettings:
 
 
 async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
-                   before: tuple[Path, Path | None] | Side, after: tuple[Path, Path | None],
+                   before: tuple[Path, Path | None], after: tuple[Path, Path | None],
                    check: Callable[[], Awaitable[None]] | None = None,
-                   scorer: Scorer | None = None) -> GateReport:
-    """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide;
-    ``before`` may be a side measured already (``measure_model``, on the same items).
+                   scorer: Scorer | None = None, measured: Side | None = None) -> GateReport:
+    """Evaluate ``before`` and ``after`` (gguf, lora) on the night's items and decide.
 
     ``args`` are the night job's inputs (``agent_view``, ``heldout``); ``rows`` its
     dataset (for the eval split); ``check`` runs between the two sides (cancellation).
+    ``measured`` is ``before``'s side answered already (``measure_model``, before the
+    night trained): it stands when it answered exactly these items, else ``before`` is
+    asked again (a practice set changed its held-out items meanwhile).
     Checks are scored in the sandbox (``trainer.gate_checks``) unless ``scorer`` is given."""
     scorer = scorer or SandboxScorer(config)
     asking = await asking_of(config, store, rows, args)
     items = asking.items
     client = JsonClient.for_config(config)
     try:
-        old = before if isinstance(before, Side) else await measure(
-            client, *before, items, asking.view, asking.chat_format, asking.max_tokens,
-            asking.n_ctx, scorer)
+        if measured is not None and set(measured.scores) == {i.id for i in items} \
+                and len(measured.open_answers) == len(OPEN_PROMPTS):
+            old = measured
+        else:
+            old = await measure(client, *before, items, asking.view, asking.chat_format,
+                                asking.max_tokens, asking.n_ctx, scorer)
         if check is not None:
             await check()
         new = await measure(client, *after, items, asking.view, asking.chat_format,
@@ -269,7 +274,7 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
     unscored = sum(1 for i in items if old.scores.get(i.id) is None
                    or new.scores.get(i.id) is None)
     if unscored:
-        failures = getattr(scorer, "failures", [])
+        failures = [*old.failures, *new.failures]
         report.reasons.append(f"{unscored} of {len(items)} items could not be scored on both "
                               "sides and were left out"
                               + (f" (a check: {failures[0]})" if failures else ""))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -46,6 +46,7 @@ GATE_CONTEXT = 4096
 # (check, answer) -> [0, 1], or None: unscored; may be async (trainer.gate_checks).
 Scorer = Callable[[dict, str], "float | None | Awaitable[float | None]"]
 
+
 @dataclass
 class Side:
     """One model's answers: item id -> score in [0, 1] (None: unscored), and open chat."""
@@ -55,6 +56,13 @@ class Side:
     degenerate: list[bool] = field(default_factory=list)  # per open prompt
     answers: dict[str, str] = field(default_factory=dict)
     open_answers: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # checks that could not run, why
+
+    def kept(self) -> dict:
+        """What the night keeps of a side measured before training (its progress, JSON):
+        no item's answer, since the eval items are users' own requests and ``/forget``
+        does not reach the job's row; the gate's decision reads none of them."""
+        return {**asdict(self), "answers": {}}
 
 
 def generate(gguf: Path, requests: list[str], view: AgentView, chat_format: str,
@@ -112,7 +120,9 @@ async def measure(client: JsonClient, gguf: Path, lora: Path | None, items: list
                   scorer: Scorer = score_check) -> Side:
     answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
                                       view, chat_format, max_tokens, n_ctx, lora)
-    return await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
+    side = await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
+    side.failures = list(getattr(scorer, "failures", []))
+    return side
 
 
 @dataclass
@@ -133,9 +143,9 @@ async def asking_of(config: Config, store: Store, rows: list[dict], args: dict) 
     # tokens still hold the agent's prompt with the full tool list (about 3,300) and an
     # answer. A longer request fails alike on both sides, as an empty answer.
     return Asking(items, await agent_view(config, store, args),
-                   (await resolve_async(config)).name,  # as the bot resolves it
-                   min(config.agent.max_reply_tokens, GATE_MAX_TOKENS),
-                   min(config.model.context_tokens, GATE_CONTEXT))
+                  (await resolve_async(config)).name,  # as the bot resolves it
+                  min(config.agent.max_reply_tokens, GATE_MAX_TOKENS),
+                  min(config.model.context_tokens, GATE_CONTEXT))
 
 
 async def measure_model(config: Config, store: Store, rows: list[dict], args: dict,

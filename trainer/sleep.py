@@ -1,8 +1,7 @@
 """The night as one resumable job: ``python -m trainer sleep [--job N]``.
 
     queued -> judging -> gating (the live side) -> training -> exporting -> gating
-           -> awaiting_promotion | done
-                                                         (failed, cancelled at any point)
+           -> awaiting_promotion | done                  (failed, cancelled at any point)
 
 The job's row in the store is the only link to the bot: the bot creates it
 (``!sleep``), starts this process, watches the state, and swaps the served
@@ -10,8 +9,8 @@ model when a candidate is promoted (automatically or by ``/promote``). This
 process never touches the bot's server except to ask the live model to judge.
 
 Resuming (``--job N`` again after a crash): part 1 resumes from the store's
-night ledger; a finished adapter, a verified release and a saved gate report
-are each kept, and only the missing stages run.
+night ledger; the live side measured for the gate, a finished adapter, a verified
+release and a saved gate report are each kept, and only the missing stages run.
 
 The value memory learns the night's sub-tasks only after training succeeded
 (``trainer.night.remember``), so a night re-run after a failed training
@@ -22,12 +21,10 @@ the stages go: the counts (eligible, excluded per reason), the rewards by source
 the judge's agreement, every training step's loss parts and log-ratios
 (``train_history``), and the gate's report with its per-family scores.
 
-Budget: before it trains, the night measures the gate's first side (the live model on
-the night's items), so the training gets what ``night.budget_s`` leaves once the judging
-and that side are done and the export and the candidate's side are reserved
+Budget: the night answers the gate's live side before it trains, so the training gets
+what ``night.budget_s`` leaves once the export and the candidate's side are reserved
 (``trainer.budget.reserved``); a night that would run past it trains fewer steps and
-says so (``trained.budget_note``, in the report), from an earlier night's tokens/s and
-its own.
+says so (``trained.budget_note``, in the report), from an earlier tokens/s and its own.
 
 Forgetting (``trainer.forgets``): right before training the night drops the rows of
 episodes forgotten since it collected them, and it refuses its own release when one it
@@ -47,7 +44,6 @@ import os
 import time
 import traceback
 from contextlib import ExitStack
-from dataclasses import asdict
 from pathlib import Path
 
 from core.config import Config
@@ -106,7 +102,7 @@ class Night:
 
     def _time_stage(self, state: str, now: float) -> None:
         """Seconds per stage (``stage_seconds``): the next night's budget reads the
-        export's and the gate's."""
+        export's."""
         stage, entered = self.progress.get("stage"), self.progress.get("stage_entered")
         if stage and entered and stage != state:
             seconds = self.progress.setdefault("stage_seconds", {})
@@ -280,25 +276,28 @@ class Night:
         start = time.monotonic()
         side = await measure_model(self.config, self.store, read_jsonl(dataset), self.args,
                                    live)
-        await self.set(gate_before=asdict(side),
+        await self.set(gate_before=side.kept(), gate_before_model=[str(p) for p in live if p],
                        gate_before_s=round(time.monotonic() - start, 1))
 
     async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path,
                    args: dict) -> dict:
-        """The paired gate (trainer.gate); its outcome and reasons go into the progress."""
+        """The paired gate (trainer.gate); its outcome and reasons go into the progress.
+        The live side measured before training stands if the same model still serves."""
         if "gate" in self.progress:
             return self.progress["gate"]
         await self.set("gating")
-        measured = self.progress.get("gate_before")
-        report = await run_gate(self.config, self.store, read_jsonl(dataset), args,
-                                Side(**measured) if measured else live,
-                                serve_paths(release), check=self.check)
+        kept = self.progress.get("gate_before")
+        same = self.progress.get("gate_before_model") == [str(p) for p in live if p]
+        report = await run_gate(self.config, self.store, read_jsonl(dataset), args, live,
+                                serve_paths(release), check=self.check,
+                                measured=Side(**kept) if kept and same else None)
         await self.set(gate=report.as_dict())
         return self.progress["gate"]
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 async def run_night(config: Config, job_id: int | None = None, since: float | None = None) -> int:

@@ -19,8 +19,9 @@ if TYPE_CHECKING:
 
 # The states of a night that is queued or under way (the trainer writes them).
 ACTIVE = ("queued", "running", "judging", "training", "exporting", "gating")
-STAGES = ("collect", "judge", "value", "understand", "advantages", "train (LoRA, OAPL+ECHO)",
-          "export (merge, q8_0 GGUF)", "gate (held-out eval)", "release")
+STAGES = ("collect", "judge", "value", "understand", "advantages",
+          "gate: the live model's answers", "train (LoRA, OAPL+ECHO)",
+          "export (merge, q8_0 GGUF)", "gate: the candidate's answers, paired", "release")
 
 
 def start_trainer(config: Config, job_id: int) -> subprocess.Popen:
