@@ -9,6 +9,7 @@ import time
 from core.config import Config
 from core.storage.store import Store
 from trainer import sleep
+from trainer.budget import resumed_clock
 from trainer.gate import GateReport
 from trainer.gate_side import Side
 from trainer.sleep import Night
@@ -103,3 +104,20 @@ async def test_the_gate_reuses_the_live_side_only_while_the_same_model_serves(tm
     assert given[0][1] == Side(scores={"q1": 1.0}, open_answers=["hi"],
                                failures=["q2: timed out"])
     assert given[1] == (other, None)  # measured again by the gate
+
+
+async def test_a_night_resumed_after_a_crash_does_not_count_the_time_it_lay_stopped(tmp_path):
+    config, store = await night_at(tmp_path)
+    try:
+        night = Night(config, store, await store.create_job("sleep", {}))
+        now = time.time()
+        crashed = {"started_at": now - 7200 - 300, "stage": "exporting",
+                   "stage_entered": now - 7200 - 10, "updated": now - 7200}  # two hours ago
+        night.progress = resumed_clock(crashed, now)
+        assert abs(night.progress["started_at"] - (now - 300)) < 1
+        await night.set("gating")  # the export ran 10 s before the crash, and none after it
+        assert 9 < night.progress["stage_seconds"]["exporting"] < 12
+        budget, _ = await night.training_budget()
+        assert abs(budget - (1200 - 300 - 300)) < 2  # not 0: the two hours are not spent
+    finally:
+        await store.close()

@@ -63,3 +63,11 @@ def reserved(budget_s: float, live_side_s: float | None, last_export_s: float | 
         return FIRST_RESERVE * budget_s
     export = EXPORT_SHARE * budget_s if last_export_s is None else last_export_s
     return export + CANDIDATE_SIDE * live_side_s
+
+
+def resumed_clock(progress: dict, now: float) -> dict:
+    """A resumed night's budget and stage times count the time it ran, not the time it lay
+    stopped (``updated``: its last write before it stopped)."""
+    gap = now - progress.get("updated", now)
+    return {**progress, **{k: progress[k] + gap for k in ("started_at", "stage_entered")
+                           if k in progress}}

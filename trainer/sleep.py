@@ -51,7 +51,7 @@ from core.model.chat_format import resolve_async
 from core.storage.copies import holding_value_memory
 from core.storage.embedder import MiniLMEmbedder
 from core.storage.store import Store
-from trainer.budget import reserved
+from trainer.budget import reserved, resumed_clock
 from trainer.client import JsonClient
 from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
@@ -227,8 +227,7 @@ class Night:
 
         result = await asyncio.to_thread(train, rows, base_dir, adapter, settings, on_step)
         trained = {"steps": result.steps, "batch": result.batch, "sequences": result.sequences,
-                   "tokens": result.tokens,
-                   "seconds": round(result.seconds, 1),
+                   "tokens": result.tokens, "seconds": round(result.seconds, 1),
                    "planned_steps": result.planned_steps,
                    "tokens_per_s": round(result.tokens_per_s, 1),
                    "budget_s": None if budget is None else round(budget, 1),
@@ -312,7 +311,7 @@ async def run_night(config: Config, job_id: int | None = None, since: float | No
             raise ValueError(f"no job {job_id}")
         night = Night(config, store, job_id)
         night.args = job["args"]
-        night.progress = dict(job["progress"])
+        night.progress = resumed_clock(dict(job["progress"]), time.time())
         night.progress.setdefault("started_at", time.time())  # the budget counts from here
         since = job["args"].get("since", since)
         # Where the last promoted night's collection ended: unpromoted nights' data is kept.
