@@ -92,10 +92,11 @@ def arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--tabulate", type=Path, nargs="+", help="run nothing: print the table "
                         "of days kept by --keep (DIR/day-i), each with its own first night, so "
                         "that a run cut short still gives its figure")
-    parser.add_argument("--night", type=int, metavar="N", help="with --tabulate: each day's "
-                        "night kept as number N (the -N ending its file in DIR/nights) instead "
-                        "of its first, e.g. a later setting's nights rerun with --day (not "
-                        "--nights, which chains nights)")
+    parser.add_argument("--night", type=int, nargs="+", metavar="N", help="with --tabulate: "
+                        "each day's night kept as number N (the -N ending its file in "
+                        "DIR/nights) instead of its first, e.g. a later setting's nights rerun "
+                        "with --day (not --nights, which chains nights); one N a day, in the "
+                        "order of --tabulate, where the days kept it under different numbers")
     parser.add_argument("--versus", type=Path, nargs="+", metavar="DIR", help="with "
                         "--tabulate: also compare each tabulated day's night, item by item, "
                         "with the night of the matching day here (another setting's days, "

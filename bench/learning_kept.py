@@ -84,7 +84,7 @@ def night_file(folder: Path, number: int | None = None) -> Path | None:
 
 
 def versus_pairs(folders: list[Path], others: list[Path], against: int | None = None,
-                 night: int | None = None) -> list[tuple[dict, dict]]:
+                 night: int | list[int | None] | None = None) -> list[tuple[dict, dict]]:
     """Two settings, each run with ``--days --keep`` from the same ``--seed``: each day's
     (other setting's first night or night ``against``, this one's first night or night
     ``night``) answers, to compare item by item. The days are matched by their held-out
@@ -93,7 +93,7 @@ def versus_pairs(folders: list[Path], others: list[Path], against: int | None = 
         raise ValueError(f"{len(folders)} kept days against {len(others)}: give one of each "
                          "setting's days for every day, in the same order")
     pairs = []
-    for folder, other in zip(folders, others):
+    for folder, other, number in zip(folders, others, per_day(night, folders)):
         here, there = (sorted(p.name for p in (f / SETS).glob("*-heldout.jsonl"))
                        for f in (folder, other))
         if not here or here != there or any(
@@ -101,7 +101,7 @@ def versus_pairs(folders: list[Path], others: list[Path], against: int | None = 
                 for n in here):
             raise ValueError(f"{folder} and {other} do not hold the same held-out items: "
                              "keep both settings' days with the same --seed and families")
-        pairs.append((kept_after(other, against), kept_after(folder, night)))
+        pairs.append((kept_after(other, against), kept_after(folder, number)))
     return pairs
 
 
@@ -141,21 +141,35 @@ def compare_nights(folder: Path, latest: Path, against: int | None = None
         (first["after"], second["after"])
 
 
+def per_day(night: int | list[int | None] | None, folders: list[Path]) -> list[int | None]:
+    """``--night``: one number for every day, or one a day (a default's nights kept under
+    different numbers on days made at different times)."""
+    if night is None or isinstance(night, int):
+        return [night] * len(folders)
+    if len(night) == 1:
+        return list(night) * len(folders)
+    if len(night) != len(folders):
+        raise ValueError(f"--night gives {len(night)} numbers for {len(folders)} days: give "
+                         "one, or one a day in the order of --tabulate")
+    return list(night)
+
+
 def tabulated(folders: list[Path], families: list[str], argv: list[str],
               versus: list[Path] | None = None, against: int | None = None,
-              night: int | None = None) -> str:
+              night: int | list[int] | None = None) -> str:
     """``--tabulate``: the kept days' table, each day with its own first night (or the one
     kept as ``night``), and the nights chained after it (``--nights``) pooled over the days
     that kept them; with ``versus``, also each day's night against the matching day's
     there, pooled (a ValueError, before anything is printed, when the days do not match)."""
-    results = [kept_result(d, night) for d in folders]
+    nights = per_day(night, folders)
+    results = [kept_result(d, n) for d, n in zip(folders, nights)]
     days = days_of(results)
     families = [f for f in families if all(f in d for d in days)]
     parts = [header(argv, []), table(days, families)]
     chained = max((len(r["chain"]) for r in results), default=0)
     parts += [chain_table(results, families, k) for k in range(2, chained + 2)]
     if versus:
-        pairs = versus_pairs(folders, versus, against, night)
+        pairs = versus_pairs(folders, versus, against, nights)
         theirs = "the first night" if against is None else f"night #{against}"
         parts.append(pooled_comparison(pairs, families, earlier=(
             f"{theirs} of the days in {', '.join(map(str, versus))}")))

@@ -254,6 +254,11 @@ def test_a_later_night_kept_on_the_days_is_tabulated_against_the_days_before(tmp
     assert "| a | 0.0 | 75.0 | +75.0 | [" in kept.tabulated(folders, ["a"], [], night=1)
     with pytest.raises(ValueError, match=r"no night #2 is kept in .* \(kept: 0, 1\)"):
         kept.tabulated(folders, ["a"], [], night=2)
+    # One number a day: day 1's night 1 (75%) and day 2's night 0 (25%) pool to 50%.
+    assert "| a | 0.0 | 50.0 | +50.0 | [" in kept.tabulated(folders, ["a"], [], night=[1, 0])
+    assert "| a | 0.0 | 75.0 | +75.0 | [" in kept.tabulated(folders, ["a"], [], night=[1])
+    with pytest.raises(ValueError, match="--night gives 3 numbers for 2 days"):
+        kept.tabulated(folders, ["a"], [], night=[1, 0, 1])
     for folder in folders:  # --versus needs the days' held-out items to match
         (folder / learning.SETS).mkdir()
         (folder / learning.SETS / "a-heldout.jsonl").write_text("q1\n")
