@@ -261,12 +261,10 @@ async def run_gate(config: Config, store: Store, rows: list[dict], args: dict,
                 and len(measured.open_answers) == len(OPEN_PROMPTS):
             old = measured
         else:
-            old = await measure(client, *before, items, asking.view, asking.chat_format,
-                                asking.max_tokens, asking.n_ctx, scorer)
+            old = await measure(client, before, asking, scorer)
         if check is not None:
             await check()
-        new = await measure(client, *after, items, asking.view, asking.chat_format,
-                            asking.max_tokens, asking.n_ctx, scorer)
+        new = await measure(client, after, asking, scorer)
     finally:
         await client.close()
     report = decide(old, new, settings_of(config), len(items))

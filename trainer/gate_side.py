@@ -115,16 +115,6 @@ async def score_side(client: JsonClient, items: list[Item], answers: list[str],
     return side
 
 
-async def measure(client: JsonClient, gguf: Path, lora: Path | None, items: list[Item],
-                  view: AgentView, chat_format: str, max_tokens: int, n_ctx: int,
-                  scorer: Scorer = score_check) -> Side:
-    answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
-                                      view, chat_format, max_tokens, n_ctx, lora)
-    side = await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
-    side.failures = list(getattr(scorer, "failures", []))
-    return side
-
-
 @dataclass
 class Asking:
     """How both sides are asked: the night's items, the agent's view, the model's limits."""
@@ -148,13 +138,27 @@ async def asking_of(config: Config, store: Store, rows: list[dict], args: dict) 
                   min(config.model.context_tokens, GATE_CONTEXT))
 
 
+async def measure(client: JsonClient, model: tuple[Path, Path | None], asking: Asking,
+                  scorer: Scorer = score_check) -> Side:
+    """One model's side: its answers, scored; ``failures`` are the checks that could not
+    run for this side alone (a gate's two sides share one scorer)."""
+    gguf, lora = model
+    earlier = len(getattr(scorer, "failures", []))
+    items = asking.items
+    answers = await asyncio.to_thread(generate, gguf, [i.request for i in items] + OPEN_PROMPTS,
+                                      asking.view, asking.chat_format, asking.max_tokens,
+                                      asking.n_ctx, lora)
+    side = await score_side(client, items, answers[:len(items)], answers[len(items):], scorer)
+    side.failures = list(getattr(scorer, "failures", []))[earlier:]
+    return side
+
+
 async def measure_model(config: Config, store: Store, rows: list[dict], args: dict,
                         model: tuple[Path, Path | None], scorer: Scorer | None = None) -> Side:
     """One side alone (the night's live model, before it trains)."""
     asking = await asking_of(config, store, rows, args)
     client = JsonClient.for_config(config)
     try:
-        return await measure(client, *model, asking.items, asking.view, asking.chat_format,
-                             asking.max_tokens, asking.n_ctx, scorer or SandboxScorer(config))
+        return await measure(client, model, asking, scorer or SandboxScorer(config))
     finally:
         await client.close()
