@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 
 from core.config import Config
-from core.storage.store import Store
+from core.storage.store import Step, Store
 from trainer import sleep
 from trainer.budget import resumed_clock
 from trainer.gate import GateReport
+from trainer.gate_items import agent_view
 from trainer.gate_side import Side
 from trainer.sleep import Night
 
@@ -95,15 +96,54 @@ async def test_the_gate_reuses_the_live_side_only_while_the_same_model_serves(tm
         kept = (await store.job(night.job_id))["progress"]["gate_before"]
         assert kept["scores"] == {"q1": 1.0} and kept["answers"] == {}  # no user's text kept
         assert kept["failures"] == ["q2: timed out"] and night.progress["gate_before_s"] >= 0
-        await night.gate(dataset, live, tmp_path / "release", {})
+        await night.gate(dataset, live, tmp_path / "release")
         night.progress.pop("gate")
         other = (tmp_path / "base.gguf", tmp_path / "night-1.gguf")  # another release serves
-        await night.gate(dataset, other, tmp_path / "release", {})
+        await night.gate(dataset, other, tmp_path / "release")
     finally:
         await store.close()
     assert given[0][1] == Side(scores={"q1": 1.0}, open_answers=["hi"],
                                failures=["q2: timed out"])
     assert given[1] == (other, None)  # measured again by the gate
+
+
+async def test_both_gate_sides_render_with_the_view_the_live_side_had(tmp_path, monkeypatch):
+    """A night from the command line has no view file from the bot: it reads the tools of
+    the newest episode, once, so a chat between the two sides does not change them."""
+    config, store = await night_at(tmp_path)
+    views = []
+
+    async def measure_model(config, store, rows, args, live):
+        views.append(await agent_view(config, store, args))
+        return Side()
+
+    async def run_gate(config, store, rows, args, before, after, check=None, measured=None):
+        views.append(await agent_view(config, store, args))
+        return GateReport("inconclusive", [], 0, None, None, None, {})
+
+    monkeypatch.setattr(sleep, "measure_model", measure_model)
+    monkeypatch.setattr(sleep, "run_gate", run_gate)
+    old = [{"type": "function", "function": {"name": "read_file", "parameters": {}}}]
+    try:
+        for tools in (old, old + [{"type": "function", "function": {"name": "run_python"}}]):
+            episode = await store.start_episode("c1")
+            await store.add_step(episode, Step(role="system", content="sys",
+                                               meta={"tools": tools}))
+            if tools == old:
+                night = Night(config, store, await store.create_job("sleep", {}))
+                dataset = tmp_path / "train.jsonl"
+                dataset.write_text("")
+                live = (tmp_path / "base.gguf", None)
+                await night.measure_live(dataset, live)
+        (tmp_path / "release").mkdir()
+        (tmp_path / "release" / "release.json").write_text('{"serve": {"gguf": "m.gguf"}}')
+        resumed = Night(config, store, night.job_id)  # as after a crash: the view is kept
+        resumed.progress = (await store.job(night.job_id))["progress"]
+        await resumed.gate(dataset, live, tmp_path / "release")
+    finally:
+        await store.close()
+    assert views[0] == views[1] and views[0].tools == old
+    assert views[0].system == config.agent.system_prompt
 
 
 async def test_a_night_resumed_after_a_crash_does_not_count_the_time_it_lay_stopped(tmp_path):

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import inspect
+import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
@@ -136,6 +138,21 @@ async def asking_of(config: Config, store: Store, rows: list[dict], args: dict) 
                   (await resolve_async(config)).name,  # as the bot resolves it
                   min(config.agent.max_reply_tokens, GATE_MAX_TOKENS),
                   min(config.model.context_tokens, GATE_CONTEXT))
+
+
+async def pin_view(config: Config, store: Store, args: dict, folder: Path) -> str:
+    """The agent's view written once into the night's folder, for both sides to render
+    with: without the bot's view file (a night started from the command line), each side
+    would read the tools of the newest stored episode, and a chat between the two sides
+    could change them. Returns the file's path, for ``args["agent_view"]``."""
+    view = await agent_view(config, store, args)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "agent-view.json"
+    partial = path.with_name(f"{path.name}.partial")
+    text = json.dumps({"system": view.system, "tools": view.tools}, ensure_ascii=False)
+    await asyncio.to_thread(partial.write_text, text)
+    os.replace(partial, path)
+    return str(path)
 
 
 async def measure(client: JsonClient, model: tuple[Path, Path | None], asking: Asking,

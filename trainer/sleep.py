@@ -57,7 +57,7 @@ from trainer.converter import fetch_converter
 from trainer.export import ReleaseError, export_release, serve_paths, verify_release
 from trainer.forgets import ForgottenAfterTraining, drop_forgotten, refuse_if_forgotten
 from trainer.gate import run_gate
-from trainer.gate_side import Side, measure_model
+from trainer.gate_side import Side, measure_model, pin_view
 from trainer.live import live_adapter, live_model
 from trainer.margins import summary
 from trainer.night import NightResult, night_dir, remember, run_part1
@@ -273,13 +273,18 @@ class Night:
             return
         await self.set("gating")
         start = time.monotonic()
-        side = await measure_model(self.config, self.store, read_jsonl(dataset), self.args,
-                                   live)
+        await self.set(agent_view=await pin_view(self.config, self.store, self.args, self.dir))
+        side = await measure_model(self.config, self.store, read_jsonl(dataset),
+                                   self.gate_args(), live)
         await self.set(gate_before=side.kept(), gate_before_model=[str(p) for p in live if p],
                        gate_before_s=round(time.monotonic() - start, 1))
 
-    async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path,
-                   args: dict) -> dict:
+    def gate_args(self) -> dict:
+        """The job's inputs, with the agent's view both gate sides render with."""
+        return {**self.args, "agent_view": self.progress.get("agent_view",
+                                                             self.args.get("agent_view"))}
+
+    async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path) -> dict:
         """The paired gate (trainer.gate); its outcome and reasons go into the progress.
         The live side measured before training stands if the same model still serves."""
         if "gate" in self.progress:
@@ -287,8 +292,8 @@ class Night:
         await self.set("gating")
         kept = self.progress.get("gate_before")
         same = self.progress.get("gate_before_model") == [str(p) for p in live if p]
-        report = await run_gate(self.config, self.store, read_jsonl(dataset), args, live,
-                                serve_paths(release), check=self.check,
+        report = await run_gate(self.config, self.store, read_jsonl(dataset), self.gate_args(),
+                                live, serve_paths(release), check=self.check,
                                 measured=Side(**kept) if kept and same else None)
         await self.set(gate=report.as_dict())
         return self.progress["gate"]
@@ -349,7 +354,7 @@ async def _stages(night: Night, config: Config, store: Store) -> None:
     await night.refuse_if_forgotten("before the export")
     release = await night.export(base_dir, trained["steps"], live_gguf)
     await night.check()
-    report = await night.gate(dataset, (live_gguf, live_lora), release, night.args)
+    report = await night.gate(dataset, (live_gguf, live_lora), release)
     await night.refuse_if_forgotten("before its release was recorded")
     gguf, lora = serve_paths(release)
     meta = {"gguf": str(gguf), "lora": str(lora) if lora else None, "night": night.job_id,
