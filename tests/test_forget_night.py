@@ -97,7 +97,7 @@ async def night_with(config, monkeypatch, rows_of, *, during_training=(), during
     async def measure_live(self, dataset, live):
         seen["measured"] = live
 
-    async def gate(self, dataset, live, release, args):
+    async def gate(self, dataset, live, release):
         for episode in during_gate:
             await self.store.forget_episode(episode)
         return {"outcome": "promote", "passed": True, "reasons": ["planted"]}

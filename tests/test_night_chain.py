@@ -43,7 +43,7 @@ async def test_a_chained_second_night_loads_the_first_nights_adapter_as_base_and
     async def measure_live(self, dataset, live):
         seen["measured"] = live
 
-    async def gate(self, dataset, live, release, args):
+    async def gate(self, dataset, live, release):
         seen["gate"] = live
         return {"outcome": "reject", "reasons": ["planted"]}
 
