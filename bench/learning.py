@@ -106,7 +106,7 @@ def write_config(work: Path, args: argparse.Namespace) -> Path:
     for key in ("epochs", "lr", "beta", "imitation", "imitation_per", "imitate_known_choices",
                 "imitate_known_passing_choices",
                 "min_steps", "max_epochs", "batch", "schedule", "warmup_steps", "stop_split",
-                "stop_every"):
+                "stop_every", "compute_dtype"):
         if getattr(args, key) is not None:
             train[key] = getattr(args, key)
     sections = {

@@ -38,6 +38,8 @@ def arguments(description: str) -> argparse.ArgumentParser:
                         help="model.context_tokens (and train.max_tokens)")
     parser.add_argument("--epochs", type=int), parser.add_argument("--lr", type=float)
     parser.add_argument("--beta", type=float)
+    parser.add_argument("--compute-dtype", choices=["auto", "float32", "bfloat16"],
+                        help="train.compute_dtype (the training's matrix products)")
     parser.add_argument("--schedule", choices=["constant", "linear", "cosine"],
                         help="train.schedule (the learning rate over the steps)")
     parser.add_argument("--warmup-steps", type=int, help="train.warmup_steps")

@@ -530,3 +530,51 @@ def test_each_step_trains_at_the_scheduled_rate(base_dir, tmp_path, monkeypatch)
         expected = [1.0] * 4 if schedule == "constant" else [0.5, 1.0, 0.55, 0.1]
         assert [e["lr"] for e in events] == pytest.approx([1e-3 * f for f in expected])
         assert after_first[0] == pytest.approx(first * 1e-3, rel=1e-2)
+
+
+def test_bfloat16_compute_keeps_float32_logprobs_close_and_gradients_on_the_lora(base_dir):
+    """Under bfloat16 autocast the decoder's products round, the head does not: log-probs
+    stay within a few hundredths of a nat of float32's, with or without a shared prompt,
+    and the gradient still reaches the (float32) LoRA, pointing the same way."""
+    model = T.load_model(base_dir, T.Settings(gradient_checkpointing=False))
+    _lora_nonzero(model)
+    torch.manual_seed(4)
+    prefix = torch.randint(0, 1000, (1, 30))
+    ids = torch.cat([prefix.expand(3, 30), torch.randint(0, 1000, (3, 12))], dim=1)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    exact, fast = T.Policy(model, chunk=16), T.Policy(model, chunk=16, compute_dtype="bfloat16")
+    for shared in (0, 30):
+        want, got = exact(ids, shared=shared), fast(ids, shared=shared)
+        assert got.dtype == torch.float32 and not torch.equal(got, want)  # it did round
+        assert (got - want).abs().max() < 0.05
+        g_want = torch.cat([g.flatten() for g in torch.autograd.grad(want.sum(), trainable)])
+        g_got = torch.cat([g.flatten() for g in torch.autograd.grad(got.sum(), trainable)])
+        assert all(p.dtype == torch.float32 for p in trainable)
+        assert torch.nn.functional.cosine_similarity(g_want, g_got, dim=0) > 0.99
+
+
+def test_a_bfloat16_night_imitates_as_a_float32_one_does(base_dir, tmp_path):
+    demo = {"kind": "episode", "episode_id": 9, "split": "train", "tools": [], "messages": [
+        {"role": "user", "content": "Reply with the word cloud in brackets."},
+        {"role": "assistant", "content": "[CLOUD]"}],
+        "advantages": [None, None], "imitate": [1], "token_overrides": [], "labels": []}
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        settings = T.Settings(steps=15, lr=5e-3, micro_batch=2, progress=False,
+                              compute_dtype=dtype)
+        events = []
+        T.train([demo], base_dir, tmp_path / dtype, settings, on_step=events.append)
+        losses[dtype] = [e["imitation"] for e in events]
+    assert losses["bfloat16"][-1] < losses["bfloat16"][0] - 1.0
+    assert abs(losses["bfloat16"][-1] - losses["float32"][-1]) < 0.1 * losses["float32"][0]
+
+
+def test_compute_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch):
+    from trainer.settings import resolved_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolved_dtype("auto", "flags : fpu avx2 avx512f avx512_bf16") == "bfloat16"
+    assert resolved_dtype("auto", "flags : fpu avx2 amx_bf16 amx_tile") == "bfloat16"
+    assert resolved_dtype("auto", "flags : fpu avx2 avx512f") == "float32"  # emulated: slower
+    assert resolved_dtype("float32", "flags : avx512_bf16") == "float32"
+    assert resolved_dtype("bfloat16", "") == "bfloat16"

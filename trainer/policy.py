@@ -52,10 +52,18 @@ class TargetLogProb(torch.autograd.Function):
 class Policy(nn.Module):
     """Token log-probs of the LoRA model; one module, so accelerate can wrap it."""
 
-    def __init__(self, model: Any, chunk: int) -> None:
+    def __init__(self, model: Any, chunk: int, compute_dtype: str = "float32") -> None:
         super().__init__()
         self.model, self.chunk = model, chunk
         self.shares = sharing(model)  # whether a shared prompt can be computed once
+        # bfloat16: the decoder's matrix products under autocast. The weights, the LoRA and
+        # its gradients stay float32, and so does the residual stream (a float32 embedding
+        # plus bfloat16 sublayer outputs promotes to float32); the head and log-softmax run
+        # on float32 hidden states, so log-probs keep their precision.
+        self.bf16 = compute_dtype == "bfloat16"
+
+    def _decoder(self, device: torch.device):
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     def forward(self, ids: torch.Tensor, shared: int = 0,
                 need: torch.Tensor | None = None) -> torch.Tensor:  # (B, T) -> (B, T)
@@ -79,20 +87,24 @@ class Policy(nn.Module):
         need = need.clone()
         need[:, 0] = False  # the first token has no context to be predicted from
         if shared < 1 or b < 2 or not self.shares:
-            hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
+            with self._decoder(ids.device):
+                hidden = core.model(input_ids=ids, use_cache=False).last_hidden_state  # (B, T, D)
+            hidden = hidden.float()
             # Position t-1's hidden state predicts token t.
             return self._gather(hidden[:, :-1], ids[:, 1:], need[:, 1:], pad=1)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=core.config)
-        head = core.model(input_ids=ids[:1, :shared], cache=cache,
-                          use_cache=True).last_hidden_state  # (1, S, D)
-        if cache.get_seq_length() != shared:  # the cache was not filled: sharing would be wrong
-            raise RuntimeError(f"the model did not keep the prompt's {shared} tokens in its "
-                               "cache; set train.micro_batch = 1 to compute rows whole")
-        cache.batch_repeat_interleave(b)
-        tail = core.model(input_ids=ids[:, shared:], cache=cache,
-                          use_cache=True).last_hidden_state  # (B, T-S, D)
+        with self._decoder(ids.device):
+            head = core.model(input_ids=ids[:1, :shared], cache=cache,
+                              use_cache=True).last_hidden_state  # (1, S, D)
+            if cache.get_seq_length() != shared:  # not filled: sharing would be wrong
+                raise RuntimeError(f"the model did not keep the prompt's {shared} tokens in "
+                                   "its cache; set train.micro_batch = 1 to compute rows whole")
+            cache.batch_repeat_interleave(b)
+            tail = core.model(input_ids=ids[:, shared:], cache=cache,
+                              use_cache=True).last_hidden_state  # (B, T-S, D)
+        head, tail = head.float(), tail.float()
         # The prefix's log-probs are the same for every row: computed once, where any row
         # needs them.
         head_logp = self._gather(head[:, :-1], ids[:1, 1:shared],

@@ -269,7 +269,8 @@ def train(rows: list[dict], base_dir: str | Path, out_dir: str | Path,
     model = load_model(base_dir, settings)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=0.0)
-    policy, optimizer = accelerator.prepare(Policy(model, settings.chunk), optimizer)
+    policy = Policy(model, settings.chunk, settings.compute_dtype)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
     policy.train()
     ctx = {"accelerator": accelerator, "settings": settings, "policy": policy, "model": model,
            "optimizer": optimizer, "trainable": trainable, "pad_id": pad_id}

@@ -14,7 +14,7 @@ from core.config import Config
 from core.model.chat_format import resolve
 from trainer.losses import IMITATION_PER
 from trainer.lr_schedule import SCHEDULES
-from trainer.settings import Settings, checkpointing
+from trainer.settings import Settings, checkpointing, resolved_dtype
 from trainer.train import train
 
 
@@ -52,12 +52,16 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
                         help="the learning rate over the steps (trainer.lr_schedule)")
     parser.add_argument("--chat-format", default=defaults.chat_format,
                         help="the chat format the server used (python -m bot doctor says which)")
+    parser.add_argument("--compute-dtype", choices=("auto", "float32", "bfloat16"),
+                        default=config.train.compute_dtype if config else "auto",
+                        help="the matrix products' dtype (auto: bfloat16 where native)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = parser.parse_args(argv)
     chosen = {k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__}
     if config is not None:  # "auto" decides by the size of the checkpoint named here
         chosen["gradient_checkpointing"] = checkpointing(config.train.gradient_checkpointing,
                                                          args.base)
+    chosen["compute_dtype"] = resolved_dtype(args.compute_dtype)
     settings = replace(defaults, **chosen, progress=not args.no_progress)
     try:
         result = train(read_rows(args.data), args.base, args.out, settings)
@@ -66,7 +70,8 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
     summary = {"out_dir": str(result.out_dir), "steps": result.steps, "batch": result.batch,
                "sequences": result.sequences,
                "tokens": result.tokens, "seconds": round(result.seconds, 1),
-               "lr": settings.lr, "last": result.history[-1]}
+               "lr": settings.lr, "compute_dtype": settings.compute_dtype,
+               "last": result.history[-1]}
     print(json.dumps(summary))
     return 0
 
