@@ -22,9 +22,12 @@
    every row whole) and with the prompt computed once per micro-batch; the
    loss must be the same. The rows are a night's own (``--night DIR/train.jsonl``)
    or synthetic: a 350-token prompt and 20-200 tokens of each row's own.
+4. The compute dtype (``train.compute_dtype``): one optimizer step over such a
+   batch with the decoder's products in float32 and in bfloat16 (autocast),
+   interleaved, and how far bfloat16's pi_lag is from float32's per token.
 
     .venv/bin/python bench/train.py [--model DIR] [--tokens 512] [--reps 3] [--lengths 2048,8192,24576]
-                                    [--night train.jsonl] [--rows 32] [--parts 1,2,3]
+                                    [--night train.jsonl] [--rows 32] [--parts 1,2,3,4]
 """
 
 from __future__ import annotations
@@ -171,6 +174,58 @@ def shared_prompt(model_dir: Path, night: Path | None, n: int) -> dict:
     return out
 
 
+# -- 4. the compute dtype ------------------------------------------------------------
+
+
+def dtype_step(model_dir: Path, night: Path | None, n: int, dtype: str) -> dict:
+    """One optimizer step (its pi_lag pass included, as in a night's first pass) over the
+    rows, the decoder's products in ``dtype``; its seconds, loss and the rows' pi_lag."""
+    from accelerate import Accelerator
+
+    settings = T.Settings(compute_dtype=dtype, gradient_checkpointing=False)
+    model = T.load_model(model_dir, settings)
+    examples = _night_rows(night, model_dir, n, model.config.vocab_size)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    ctx = {"accelerator": Accelerator(cpu=True), "settings": settings,
+           "policy": T.Policy(model, settings.chunk, dtype), "model": model,
+           "optimizer": torch.optim.SGD(trainable, lr=0.0), "trainable": trainable, "pad_id": 0}
+    started = time.perf_counter()
+    event = T._train_step(ctx, examples)
+    return {"s": time.perf_counter() - started, "loss": event["total"], "tokens": event["tokens"],
+            "lag": [e.lag for e in examples]}
+
+
+def compute_dtypes(model_dir: Path, night: Path | None, n: int, reps: int) -> dict:
+    """float32 against bfloat16, interleaved, the best of ``reps`` each; and how far the
+    bfloat16 pi_lag is from float32's per read token and per judged message."""
+    runs: dict[str, list[dict]] = {"float32": [], "bfloat16": []}
+    for _ in range(reps):
+        for dtype, done in runs.items():
+            done.append(dtype_step(model_dir, night, n, dtype))
+    best = {dtype: min(done, key=lambda r: r["s"]) for dtype, done in runs.items()}
+    token_diffs = []
+    for exact, fast in zip(best["float32"]["lag"], best["bfloat16"]["lag"]):
+        if exact is not None and fast is not None:
+            read = exact != 0
+            token_diffs.append((fast[read] - exact[read]).abs())
+    diffs = torch.cat(token_diffs) if token_diffs else torch.zeros(1)
+    return {"best": best, "token_mean": float(diffs.mean()), "token_max": float(diffs.max()),
+            "token_p99": float(diffs.quantile(0.99)) if diffs.numel() > 1 else 0.0}
+
+
+def part_four(args: argparse.Namespace) -> None:
+    r = compute_dtypes(args.model, args.night, args.rows, args.reps)
+    exact, fast = r["best"]["float32"], r["best"]["bfloat16"]
+    print(f"\n4. the compute dtype: one step over {args.rows} rows ({exact['tokens']} tokens) of "
+          f"{args.night or 'synthetic rows'}, {args.model.name}, pi_lag pass included, "
+          f"best of {args.reps} interleaved:")
+    for name, run in r["best"].items():
+        print(f"   {name:9} {run['s']:7.1f} s  loss {run['loss']:.4f}")
+    print(f"   speed-up {exact['s'] / fast['s']:.2f}x; bfloat16's pi_lag against float32's per "
+          f"read token: mean {r['token_mean']:.4f}, 99th percentile {r['token_p99']:.4f}, "
+          f"max {r['token_max']:.4f} nats")
+
+
 # -- 2. memory --------------------------------------------------------------------
 
 
@@ -236,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="2048,8192,24576")
     parser.add_argument("--night", type=Path, help="a night's train.jsonl for part 3")
     parser.add_argument("--rows", type=int, default=32, help="rows in part 3's batch")
-    parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--parts", default="1,2,3,4")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_child:
@@ -259,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in runs.items():
             print(f"   {name:32} {r['s']:7.1f} s  loss {r['loss']:.6f}  micro-batches {r['micro']}")
         print(f"   speed-up {o['s'] / n['s']:.2f}x; same loss: {abs(o['loss'] - n['loss']) < 1e-4}")
+    if 4 in parts:
+        part_four(args)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     return 0
 
