@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None, config: Config | None = None) -> int:
     parser.add_argument("--chat-format", default=defaults.chat_format,
                         help="the chat format the server used (python -m bot doctor says which)")
     parser.add_argument("--compute-dtype", choices=("auto", "float32", "bfloat16"),
-                        default=config.train.compute_dtype if config else "auto",
+                        default=(config or Config()).train.compute_dtype,
                         help="the matrix products' dtype (auto: bfloat16 where native)")
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     args = parser.parse_args(argv)

@@ -169,9 +169,9 @@ class TrainConfig(_Section):
         "auto", description='"auto", "on" or "off"; auto = on for checkpoints of 1 GB or more'
     )
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description='the matrix products\' dtype while training: "auto", "float32" or '
-        '"bfloat16"; auto = bfloat16 where the hardware multiplies it natively (a CUDA GPU '
-        'with bf16, a CPU with AVX512-BF16 or AMX), else float32. The LoRA, the head, the '
+        "float32", description='the matrix products\' dtype while training: "float32", '
+        '"bfloat16" or "auto" (bfloat16 where the hardware multiplies it natively: a CUDA GPU '
+        'with bf16, a CPU with AVX512-BF16 or AMX; else float32). The LoRA, the head, the '
         'log-probs and the merge stay float32'
     )
 
