@@ -57,7 +57,7 @@ class Settings:
     grad_clip: float = 1.0
     gradient_checkpointing: bool = True
     # The decoder's matrix products under autocast in bfloat16, or plain float32
-    # (trainer.policy; "auto" is resolved by Settings.of, trainer.policy.compute_dtype).
+    # (trainer.policy; Settings.of resolves the config's "auto" by resolved_dtype, below).
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     offload_activations: bool = False  # keep checkpointed activations in host memory (GPU)
     progress: bool = True  # the tqdm bar
