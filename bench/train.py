@@ -197,7 +197,7 @@ def dtype_step(model_dir: Path, night: Path | None, n: int, dtype: str) -> dict:
 
 def compute_dtypes(model_dir: Path, night: Path | None, n: int, reps: int) -> dict:
     """float32 against bfloat16, interleaved, the best of ``reps`` each; and how far the
-    bfloat16 pi_lag is from float32's per read token and per judged message."""
+    bfloat16 pi_lag is from float32's per read token."""
     runs: dict[str, list[dict]] = {"float32": [], "bfloat16": []}
     for _ in range(reps):
         for dtype, done in runs.items():
@@ -289,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=512, help="sequence length for the step time")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lengths", default="2048,8192,24576")
-    parser.add_argument("--night", type=Path, help="a night's train.jsonl for part 3")
-    parser.add_argument("--rows", type=int, default=32, help="rows in part 3's batch")
+    parser.add_argument("--night", type=Path, help="a night's train.jsonl for parts 3 and 4")
+    parser.add_argument("--rows", type=int, default=32, help="rows in the batch of parts 3 and 4")
     parser.add_argument("--parts", default="1,2,3,4")
     parser.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -543,9 +543,23 @@ def test_bfloat16_compute_keeps_float32_logprobs_close_and_gradients_on_the_lora
     ids = torch.cat([prefix.expand(3, 30), torch.randint(0, 1000, (3, 12))], dim=1)
     trainable = [p for p in model.parameters() if p.requires_grad]
     exact, fast = T.Policy(model, chunk=16), T.Policy(model, chunk=16, compute_dtype="bfloat16")
-    for shared in (0, 30):
-        want, got = exact(ids, shared=shared), fast(ids, shared=shared)
-        assert got.dtype == torch.float32 and not torch.equal(got, want)  # it did round
+    heads = []
+    from trainer.policy import TargetLogProb
+
+    apply = TargetLogProb.apply
+
+    def head(hidden, *rest):  # what reaches the head: float32, outside any autocast
+        heads.append((hidden.dtype, torch.is_autocast_enabled("cpu")))
+        return apply(hidden, *rest)
+
+    TargetLogProb.apply = head
+    try:
+        runs = [(exact(ids, shared=shared), fast(ids, shared=shared)) for shared in (0, 30)]
+    finally:
+        TargetLogProb.apply = apply
+    assert heads and set(heads) == {(torch.float32, False)}
+    for shared, (want, got) in zip((0, 30), runs):
+        assert not torch.equal(got, want)  # it did round
         assert (got - want).abs().max() < 0.05
         g_want = torch.cat([g.flatten() for g in torch.autograd.grad(want.sum(), trainable)])
         g_got = torch.cat([g.flatten() for g in torch.autograd.grad(got.sum(), trainable)])
@@ -569,10 +583,23 @@ def test_a_bfloat16_night_imitates_as_a_float32_one_does(base_dir, tmp_path):
     assert abs(losses["bfloat16"][-1] - losses["float32"][-1]) < 0.1 * losses["float32"][0]
 
 
-def test_compute_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch):
+def test_compute_dtype_auto_is_bfloat16_only_where_it_is_native(monkeypatch, tmp_path):
+    from core.config import Config
+    from trainer import settings as S
     from trainer.settings import resolved_dtype
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: asked.append(including_emulation))
+    assert resolved_dtype("auto") == "float32" and asked == [False]  # emulated is not native
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = Config()
+    config.train.compute_dtype = "auto"
+    monkeypatch.setattr(S, "resolved_dtype", lambda setting: f"{setting} resolved")
+    assert S.Settings.of(config).compute_dtype == "auto resolved"  # the night's path resolves it
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        T.Policy(object.__new__(torch.nn.Module), 16, "auto")
     assert resolved_dtype("auto", "flags : fpu avx2 avx512f avx512_bf16") == "bfloat16"
     assert resolved_dtype("auto", "flags : fpu avx2 amx_bf16 amx_tile") == "bfloat16"
     assert resolved_dtype("auto", "flags : fpu avx2 avx512f") == "float32"  # emulated: slower

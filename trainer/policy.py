@@ -10,6 +10,7 @@ prompt and tool list the model was sent) are put in one micro-batch
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -54,6 +55,8 @@ class Policy(nn.Module):
 
     def __init__(self, model: Any, chunk: int, compute_dtype: str = "float32") -> None:
         super().__init__()
+        if compute_dtype not in ("float32", "bfloat16"):  # "auto" is resolved before this
+            raise ValueError(f"compute_dtype {compute_dtype!r}: float32 or bfloat16")
         self.model, self.chunk = model, chunk
         self.shares = sharing(model)  # whether a shared prompt can be computed once
         # bfloat16: the decoder's matrix products under autocast. The weights, the LoRA and
@@ -63,7 +66,10 @@ class Policy(nn.Module):
         self.bf16 = compute_dtype == "bfloat16"
 
     def _decoder(self, device: torch.device):
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        # float32 leaves any autocast of the caller's alone (accelerate's mixed precision).
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=torch.bfloat16)
 
     def forward(self, ids: torch.Tensor, shared: int = 0,
                 need: torch.Tensor | None = None) -> torch.Tensor:  # (B, T) -> (B, T)
@@ -119,7 +125,11 @@ class Policy(nn.Module):
         """(R, L, D) hidden states, (R, L) targets and need -> (R, pad + L) log-probs,
         ``pad`` zeros first, 0 where not needed."""
         weight = self.model.get_base_model().lm_head.weight
-        picked = TargetLogProb.apply(hidden[need], weight, targets[need], self.chunk)  # (N,)
+        # With bfloat16 the head stays float32 under any autocast; float32 leaves it be.
+        float32_head = (torch.autocast(hidden.device.type, enabled=False) if self.bf16
+                        else contextlib.nullcontext())
+        with float32_head:
+            picked = TargetLogProb.apply(hidden[need], weight, targets[need], self.chunk)  # (N,)
         out = picked.new_zeros(need.shape).masked_scatter(need, picked)  # (R, L)
         return F.pad(out, (pad, 0))
 

@@ -114,7 +114,8 @@ def resolved_dtype(setting: str, cpu_flags: str | None = None) -> str:
     import torch
 
     if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return "bfloat16" if native else "float32"
     if cpu_flags is None:
         try:
             cpu_flags = Path("/proc/cpuinfo").read_text()

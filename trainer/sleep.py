@@ -228,7 +228,7 @@ class Night:
         result = await asyncio.to_thread(train, rows, base_dir, adapter, settings, on_step)
         trained = {"steps": result.steps, "batch": result.batch, "sequences": result.sequences,
                    "tokens": result.tokens, "seconds": round(result.seconds, 1),
-                   "planned_steps": result.planned_steps,
+                   "planned_steps": result.planned_steps, "compute_dtype": settings.compute_dtype,
                    "tokens_per_s": round(result.tokens_per_s, 1),
                    "budget_s": None if budget is None else round(budget, 1),
                    "budget_note": result.budget_note,
@@ -281,8 +281,10 @@ class Night:
 
     def gate_args(self) -> dict:
         """The job's inputs, with the agent's view both gate sides render with."""
-        return {**self.args, "agent_view": self.progress.get("agent_view",
-                                                             self.args.get("agent_view"))}
+        pinned = self.progress.get("agent_view")
+        if not (pinned and Path(pinned).is_file()):
+            pinned = self.args.get("agent_view")
+        return {**self.args, "agent_view": pinned}
 
     async def gate(self, dataset: Path, live: tuple[Path, Path | None], release: Path) -> dict:
         """The paired gate (trainer.gate); its outcome and reasons go into the progress.
